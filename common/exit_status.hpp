@@ -1,0 +1,17 @@
+// The exit codes mcprun documents; scripts and CI branch on these, so they never change meaning.
+#pragma once
+
+namespace mcprun {
+
+/// Process exit codes. A failing worker's own code (1..125) is passed through unchanged.
+enum ExitStatus : int {
+  kExitSuccess = 0,
+  kExitFailure = 1,      ///< A launcher-side failure that is not the user's input (e.g. spawn failed).
+  kExitUsage = 2,        ///< Bad flags or input: one line on stderr says which.
+  kExitSignalBase = 128  ///< 128 + N: a worker died of signal N, or mcprun was interrupted by N.
+};
+
+/// 128 + signal, as shells report a signal death.
+constexpr int exit_code_for_signal(int signal_number) { return kExitSignalBase + signal_number; }
+
+}  // namespace mcprun

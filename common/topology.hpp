@@ -1,0 +1,51 @@
+// GPU discovery from sysfs (and NVML when present) and the topology order that local ranks follow.
+#pragma once
+
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace mcprun {
+
+/// One NVIDIA GPU as seen on the PCI bus; enough to pin a worker to it and to order it.
+struct GpuDevice {
+  std::string bus_id;                    ///< PCI address, lowercase "0000:3b:00.0".
+  int pci_index = 0;                     ///< Index in PCI bus order: what CUDA_DEVICE_ORDER=PCI_BUS_ID numbers it.
+  int numa_node = -1;                    ///< -1 when the kernel reports no NUMA affinity.
+  std::vector<int> local_cpus;           ///< From local_cpulist; empty when unknown.
+  std::vector<std::string> pci_parents;  ///< Bridges/switches above the GPU, root first.
+  std::string uuid;                      ///< "GPU-..." from NVML; empty without NVML.
+  int link_width = 0, max_link_width = 0;     ///< PCIe lanes now / at most (0 = unknown).
+  std::string link_speed, max_link_speed;     ///< e.g. "16.0 GT/s PCIe" (empty = unknown).
+
+  /// The switch a GPU hangs under: its nearest upstream bridge, which neighbours share.
+  std::string switch_id() const;
+  /// What CUDA_VISIBLE_DEVICES should name: the UUID when known, else the PCI index.
+  std::string cuda_visible_name() const;
+};
+
+/// Where sysfs lives: $MCPRUN_SYSFS_ROOT (for fake trees in tests) or /sys.
+std::filesystem::path sysfs_root();
+
+/// All NVIDIA display/3D controllers under <root>/bus/pci/devices, sorted by bus id, with
+/// pci_index set. Never throws for a missing or partial tree: it returns what it could read.
+std::vector<GpuDevice> discover_gpus(const std::filesystem::path& sysfs = sysfs_root());
+
+/// Fills uuid from NVML when libnvidia-ml.so.1 loads (dlopen'ed, never linked). No-op otherwise.
+void annotate_with_nvml(std::vector<GpuDevice>& gpus);
+
+/// The GPUs a launch may use, in topology order: NUMA node, then PCIe switch, then bus id.
+/// `allowed` is a CUDA_VISIBLE_DEVICES-style list (indices, UUIDs or "GPU-" prefixes);
+/// nullopt means all. Returns an error string naming the bad entry when it matches no GPU.
+struct TopologyOrder {
+  std::vector<GpuDevice> gpus;
+  std::string error;
+};
+TopologyOrder topology_order(std::vector<GpuDevice> gpus,
+                             const std::optional<std::string>& allowed = std::nullopt);
+
+/// Parses a kernel cpulist ("0-3,8,10-11"); nullopt when malformed.
+std::optional<std::vector<int>> parse_cpulist(const std::string& text);
+
+}  // namespace mcprun

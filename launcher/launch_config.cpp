@@ -1,0 +1,211 @@
+#include "launcher/launch_config.hpp"
+
+#include <CLI/CLI.hpp>
+
+#include <charconv>
+#include <cstdlib>
+#include <sstream>
+
+namespace mcprun {
+namespace {
+
+std::optional<int> parse_int(std::string_view text) {
+  int value = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end != text.data() + text.size()) return std::nullopt;
+  return value;
+}
+
+std::optional<NprocSpec> parse_nproc(const std::string& text) {
+  if (text == "cpu") return NprocSpec{NprocSpec::Kind::kCpu, 0};
+  if (text == "gpu") return NprocSpec{NprocSpec::Kind::kGpu, 0};
+  if (text == "auto") return NprocSpec{NprocSpec::Kind::kAuto, 0};
+  auto count = parse_int(text);
+  if (!count || *count < 1) return std::nullopt;
+  return NprocSpec{NprocSpec::Kind::kCount, *count};
+}
+
+std::optional<std::set<int>> parse_rank_list(const std::string& text) {
+  std::set<int> ranks;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) {
+    auto rank = parse_int(item);
+    if (!rank || *rank < 0) return std::nullopt;
+    ranks.insert(*rank);
+  }
+  if (ranks.empty()) return std::nullopt;
+  return ranks;
+}
+
+/// "--nproc-per-node" also answers to "--nproc_per_node" and reads PET_NPROC_PER_NODE, as in torchrun.
+std::string names_for(const std::string& dashed, const std::string& short_name = "") {
+  std::string underscored = dashed;
+  for (char& c : underscored) c = c == '-' ? '_' : c;
+  std::string names = "--" + dashed;
+  if (underscored != dashed) names += ",--" + underscored;
+  if (!short_name.empty()) names += "," + short_name;
+  return names;
+}
+
+std::string env_name_for(const std::string& dashed) {
+  std::string name = "PET_";
+  for (char c : dashed) name += c == '-' ? '_' : static_cast<char>(std::toupper(c));
+  return name;
+}
+
+}  // namespace
+
+int StreamSpec::bits_for(int local_rank) const {
+  auto it = per_rank.find(local_rank);
+  return it == per_rank.end() ? all : it->second;
+}
+
+std::optional<StreamSpec> parse_stream_spec(const std::string& text) {
+  StreamSpec spec;
+  if (auto bits = parse_int(text)) {
+    if (*bits < 0 || *bits > 3) return std::nullopt;
+    spec.all = *bits;
+    return spec;
+  }
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) {
+    auto colon = item.find(':');
+    if (colon == std::string::npos) return std::nullopt;
+    auto rank = parse_int(std::string_view(item).substr(0, colon));
+    auto bits = parse_int(std::string_view(item).substr(colon + 1));
+    if (!rank || !bits || *rank < 0 || *bits < 0 || *bits > 3) return std::nullopt;
+    spec.per_rank[*rank] = *bits;
+  }
+  if (spec.per_rank.empty()) return std::nullopt;
+  return spec;
+}
+
+ParseResult parse_launch_config(const std::vector<std::string>& args) {
+  LaunchConfig config;
+  CLI::App app{
+      "mcprun: a native drop-in for torchrun. Spawns one fresh process per worker, pins each to\n"
+      "one GPU in topology order, supervises the group and stops all of it on the first failure.\n\n"
+      "usage: mcprun [flags] SCRIPT [ARGS...]    (ARGS pass through untouched)\n"
+      "       mcprun topo                         (GPUs found and the rank mapping a launch uses)",
+      "mcprun"};
+  app.prefix_command();  // Everything from the script on belongs to the script.
+  app.option_defaults()->always_capture_default();
+  app.set_version_flag("--version", "mcprun 0.1.0");
+
+  std::string nproc_text = "1", redirects_text = "0", tee_text = "0", ranks_filter_text,
+              bind_text = "none", gpus_text;
+  auto add = [&](const std::string& dashed, auto& target, const std::string& help,
+                 const std::string& short_name = "") {
+    return app.add_option(names_for(dashed, short_name), target, help)->envname(env_name_for(dashed));
+  };
+  auto flag = [&](const std::string& dashed, bool& target, const std::string& help,
+                  const std::string& short_name = "") {
+    return app.add_flag(names_for(dashed, short_name), target, help)->envname(env_name_for(dashed));
+  };
+
+  add("nproc-per-node", nproc_text, "Workers per node: N, cpu, gpu (GPU count; error if none) or "
+      "auto (GPU count, else CPU count)", "-n");
+  add("nnodes", config.nnodes, "Number of nodes (this version runs one node)");
+  add("node-rank", config.node_rank, "Rank of this node (0 on one node)");
+  add("master-addr", config.master_addr, "Address of the store that rank 0 hosts");
+  add("master-port", config.master_port,
+      "Port of that store (default: a free port, reserved so nothing else takes it)");
+  flag("standalone", config.standalone, "Single-node job with a private store on a free port");
+  add("rdzv-backend", config.rdzv_backend, "Rendezvous backend: static or c10d (one node: local)");
+  add("rdzv-endpoint", config.rdzv_endpoint, "Rendezvous endpoint HOST:PORT");
+  add("rdzv-id", config.rdzv_id, "Job id, exported as TORCHELASTIC_RUN_ID");
+  add("rdzv-conf", config.rdzv_conf, "Rendezvous options key=value,...");
+  add("max-restarts", config.max_restarts, "Restart the whole group up to N times on failure")
+      ->check(CLI::NonNegativeNumber);
+  add("monitor-interval", config.monitor_interval,
+      "Accepted for compatibility and unnecessary: worker exits are events, never polled");
+  add("start-method", config.start_method,
+      "Accepted for compatibility: every worker is a fresh exec'ed process (spawn)")
+      ->check(CLI::IsMember({"spawn", "fork", "forkserver"}));
+  add("role", config.role, "Worker role name (ROLE_NAME)");
+  flag("module", config.module, "Run SCRIPT as a Python module (python -m)", "-m");
+  flag("no-python", config.no_python, "Exec SCRIPT directly instead of through Python");
+  flag("run-path", config.run_path, "Run SCRIPT by path (what mcprun always does for a .py)");
+  add("log-dir", config.log_dir, "Keep per-rank stdout/stderr logs and error files here");
+  add("redirects", redirects_text,
+      "Send streams to log files only: 0 none, 1 stdout, 2 stderr, 3 both, or rank:bits,...", "-r");
+  add("tee", tee_text, "Send streams to log files and the console (same syntax as --redirects)",
+      "-t");
+  add("local-ranks-filter", ranks_filter_text,
+      "Show only these local ranks on the console, e.g. 0,3 (all are still logged)");
+  add("local-addr", config.local_addr, "Address of this node; used as MASTER_ADDR when given");
+  add("term-timeout", config.term_timeout, "Seconds between SIGTERM and SIGKILL when stopping")
+      ->check(CLI::NonNegativeNumber);
+  flag("dry-run", config.dry_run, "Print each rank's GPU, CPUs, environment and argv; start nothing");
+  flag("no-pin", config.no_pin, "Leave CUDA_VISIBLE_DEVICES alone (allows more ranks than GPUs)");
+  add("gpus", gpus_text, "Use only these GPUs (CUDA_VISIBLE_DEVICES syntax: indices or UUIDs)");
+  add("bind", bind_text,
+      "CPU affinity per worker: none (default: the OS and torch's own thread pools place "
+      "threads) or numa (the CPUs local to the worker's GPU)")
+      ->check(CLI::IsMember({"none", "numa"}));
+  flag("verbose", config.verbose, "Log each step of the launch", "-v");
+
+  // CLI11 wants argv back to front.
+  std::vector<std::string> reversed(args.rbegin(), args.rend());
+  try {
+    app.parse(reversed);
+  } catch (const CLI::CallForHelp&) {
+    return InfoRequest{app.help()};
+  } catch (const CLI::CallForVersion&) {
+    return InfoRequest{"mcprun 0.1.0\n"};
+  } catch (const CLI::ParseError& error) {
+    return UsageError{error.what()};
+  }
+
+  std::vector<std::string> rest = app.remaining();
+  if (!rest.empty() && rest.front() == "--") rest.erase(rest.begin());
+  if (rest.empty()) return UsageError{"no training script given (usage: mcprun [flags] SCRIPT [ARGS...])"};
+  if (rest.front().size() > 1 && rest.front()[0] == '-')
+    return UsageError{"unknown flag " + rest.front() + " (see mcprun --help)"};
+  config.script = rest.front();
+  config.script_args.assign(rest.begin() + 1, rest.end());
+
+  auto nproc = parse_nproc(nproc_text);
+  if (!nproc)
+    return UsageError{"--nproc-per-node " + nproc_text + ": expected a count >= 1, cpu, gpu or auto"};
+  config.nproc = *nproc;
+
+  auto redirects = parse_stream_spec(redirects_text);
+  if (!redirects)
+    return UsageError{"--redirects " + redirects_text + ": expected 0-3 or LOCAL_RANK:0-3,..."};
+  config.redirects = *redirects;
+  auto tee = parse_stream_spec(tee_text);
+  if (!tee) return UsageError{"--tee " + tee_text + ": expected 0-3 or LOCAL_RANK:0-3,..."};
+  config.tee = *tee;
+
+  if (!ranks_filter_text.empty()) {
+    config.local_ranks_filter = parse_rank_list(ranks_filter_text);
+    if (!config.local_ranks_filter)
+      return UsageError{"--local-ranks-filter " + ranks_filter_text +
+                        ": expected local ranks like 0,3"};
+  }
+  if (!gpus_text.empty()) config.gpus = gpus_text;
+  config.bind = bind_text == "numa" ? LaunchConfig::CpuBind::kNuma : LaunchConfig::CpuBind::kNone;
+
+  if (config.nnodes != "1" && config.nnodes != "1:1")
+    return UsageError{"--nnodes " + config.nnodes +
+                      ": this mcprun runs single-node jobs only; use --nnodes 1"};
+  if (config.node_rank != 0) return UsageError{"--node-rank must be 0 for a single-node job"};
+  if (config.master_port && (*config.master_port < 1 || *config.master_port > 65535))
+    return UsageError{"--master-port " + std::to_string(*config.master_port) +
+                      ": expected 1-65535"};
+  if (config.rdzv_backend != "static" && config.rdzv_backend != "c10d")
+    return UsageError{"--rdzv-backend " + config.rdzv_backend + ": expected static or c10d"};
+  if (config.module && config.no_python)
+    return UsageError{"--module and --no-python cannot be used together"};
+  if (config.start_method != "spawn")
+    config.warnings.push_back("--start-method " + config.start_method +
+                              " is ignored: every worker is a fresh exec'ed process (spawn)");
+  if (config.standalone) config.master_addr = "127.0.0.1";
+  else if (!config.local_addr.empty() && app.count("--master-addr") == 0 &&
+           std::getenv("PET_MASTER_ADDR") == nullptr)
+    config.master_addr = config.local_addr;
+  return config;
+}
+
+}  // namespace mcprun

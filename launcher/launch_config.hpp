@@ -1,0 +1,80 @@
+// What the user asked for: torchrun's command line (both spellings, PET_* variables) parsed once.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <variant>
+#include <vector>
+
+namespace mcprun {
+
+/// Which of a worker's streams go to files only (redirect) or to files and console (tee).
+/// Bit 1 is stdout and bit 2 is stderr, as in torchrun's "0|1|2|3" and "rank:value" maps.
+struct StreamSpec {
+  int all = 0;                        ///< Applies to every local rank not in per_rank.
+  std::map<int, int> per_rank;        ///< local rank -> bits.
+  int bits_for(int local_rank) const;
+};
+
+/// How many workers per node: a number, or torchrun's cpu|gpu|auto, resolved once GPUs are known.
+struct NprocSpec {
+  enum class Kind { kCount, kCpu, kGpu, kAuto } kind = Kind::kCount;
+  int count = 1;
+};
+
+/// Every launch setting, with its default. Defaults here are the ones `--help` shows.
+struct LaunchConfig {
+  NprocSpec nproc;
+  std::string nnodes = "1";
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  std::optional<int> master_port;       ///< nullopt: reserve a free one (see PortReservation).
+  bool standalone = false;
+  std::string rdzv_backend = "static";
+  std::string rdzv_endpoint;
+  std::string rdzv_id = "none";
+  std::string rdzv_conf;
+  int max_restarts = 0;
+  double monitor_interval = 0.1;       ///< Accepted for compatibility; exits are event-driven.
+  std::string start_method = "spawn";
+  std::string role = "default";
+  bool module = false;
+  bool no_python = false;
+  bool run_path = false;
+  std::string log_dir;
+  StreamSpec redirects;
+  StreamSpec tee;
+  std::optional<std::set<int>> local_ranks_filter;  ///< nullopt: every rank on the console.
+  std::string local_addr;
+  double term_timeout = 10.0;           ///< Seconds between SIGTERM and SIGKILL when stopping.
+  bool dry_run = false;
+  bool no_pin = false;
+  std::optional<std::string> gpus;      ///< --gpus subset, CUDA_VISIBLE_DEVICES syntax.
+  enum class CpuBind { kNone, kNuma } bind = CpuBind::kNone;
+  bool verbose = false;
+
+  std::string script;                   ///< Script, module or executable.
+  std::vector<std::string> script_args; ///< Passed through untouched.
+  std::vector<std::string> warnings;    ///< Non-fatal remarks to log before launching.
+};
+
+/// Bad input: the one line to print, and that the exit code is kExitUsage.
+struct UsageError {
+  std::string message;
+};
+/// `--help` or `--version`: text to print and exit 0.
+struct InfoRequest {
+  std::string text;
+};
+
+using ParseResult = std::variant<LaunchConfig, UsageError, InfoRequest>;
+
+/// Parses argv (without the subcommand) against the environment, for `PET_*` fallbacks.
+ParseResult parse_launch_config(const std::vector<std::string>& args);
+
+/// Parses "3" or "0:1,2:3" (torchrun's --redirects/--tee syntax); nullopt when malformed.
+std::optional<StreamSpec> parse_stream_spec(const std::string& text);
+
+}  // namespace mcprun

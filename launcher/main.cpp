@@ -1,0 +1,163 @@
+// mcprun: parse torchrun's flags, plan the ranks, then supervise the worker group to the end.
+#include <signal.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <boost/asio/io_context.hpp>
+#include <cstdio>
+#include <iostream>
+
+#include "common/exit_status.hpp"
+#include "common/logging.hpp"
+#include "common/topology.hpp"
+#include "launcher/failure_report.hpp"
+#include "launcher/port_reservation.hpp"
+#include "launcher/rank_plan.hpp"
+#include "launcher/worker_group.hpp"
+
+namespace mcprun {
+namespace {
+
+int usage_error(const std::string& message) {
+  std::fprintf(stderr, "mcprun: error: %s\n", message.c_str());
+  return kExitUsage;
+}
+
+std::string host_name() {
+  char name[256] = {};
+  return ::gethostname(name, sizeof name - 1) == 0 ? name : "localhost";
+}
+
+/// The run's folder: attempt_<n>/<local rank>/{stdout.log,stderr.log,error.json}. Under
+/// --log-dir it is kept; otherwise it is a temp folder removed at exit unless logs were asked for.
+class RunDirectory {
+ public:
+  RunDirectory(const LaunchConfig& config, std::string* error) {
+    const bool streams_to_files = config.redirects.all || config.tee.all ||
+                                  !config.redirects.per_rank.empty() || !config.tee.per_rank.empty();
+    keep_ = !config.log_dir.empty() || streams_to_files;
+    std::filesystem::path parent = config.log_dir;
+    if (parent.empty()) {
+      const char* tmp = std::getenv("TMPDIR");
+      parent = tmp && *tmp ? tmp : "/tmp";
+    }
+    std::error_code ec;
+    std::filesystem::create_directories(parent, ec);
+    std::string pattern = (parent / ("mcprun_" + config.rdzv_id + "_XXXXXX")).string();
+    if (::mkdtemp(pattern.data()) == nullptr) {
+      *error = "cannot create a run folder under " + parent.string() + ": " + std::strerror(errno);
+      return;
+    }
+    path_ = pattern;
+    if (keep_) spdlog::info("logs of this run: {}", path_.string());
+  }
+  ~RunDirectory() {
+    std::error_code ec;
+    if (!keep_ && !path_.empty()) std::filesystem::remove_all(path_, ec);
+  }
+  AttemptFiles attempt(int restart_count) const {
+    return {path_ / ("attempt_" + std::to_string(restart_count)), keep_};
+  }
+  bool ok() const { return !path_.empty(); }
+
+ private:
+  std::filesystem::path path_;
+  bool keep_ = false;
+};
+
+int show_topology() {
+  std::vector<GpuDevice> gpus = discover_gpus();
+  annotate_with_nvml(gpus);
+  std::optional<std::string> allowed;
+  if (const char* visible = std::getenv("CUDA_VISIBLE_DEVICES")) allowed = visible;
+  std::cout << format_topology(gpus, topology_order(gpus, allowed));
+  return kExitSuccess;
+}
+
+int launch(const LaunchConfig& config) {
+  const Environment inherited = current_environment();
+  std::vector<GpuDevice> gpus = discover_gpus();
+  annotate_with_nvml(gpus);
+
+  std::optional<PortReservation> reservation;
+  int master_port = config.master_port.value_or(0);
+  if (!config.master_port) {
+    std::string error;
+    reservation = PortReservation::reserve(&error);
+    if (!reservation) {
+      spdlog::error("cannot reserve a free MASTER_PORT: {}", error);
+      return kExitFailure;
+    }
+    master_port = reservation->port();
+  }
+
+  auto planned = build_rank_plan(config, std::move(gpus), inherited, master_port);
+  if (auto* error = std::get_if<UsageError>(&planned)) return usage_error(error->message);
+  const RankPlan& plan = std::get<RankPlan>(planned);
+  for (const auto& warning : plan.warnings) spdlog::warn("{}", warning);
+  if (config.dry_run) {
+    std::cout << format_rank_plan(plan, inherited);
+    return kExitSuccess;
+  }
+
+  std::string error;
+  RunDirectory run_dir(config, &error);
+  if (!run_dir.ok()) {
+    spdlog::error("{}", error);
+    return kExitFailure;
+  }
+  boost::asio::io_context io;
+  PosixProcessControl control;
+  WorkerGroup group(io, control, plan, config, inherited);
+  const std::string host = host_name();
+  for (int restart_count = 0;; ++restart_count) {
+    AttemptResult result = group.run_attempt(restart_count, run_dir.attempt(restart_count));
+    switch (result.end) {
+      case AttemptResult::End::kSucceeded:
+        return kExitSuccess;
+      case AttemptResult::End::kInterrupted:
+        return exit_code_for_signal(result.interrupt_signal);
+      case AttemptResult::End::kSpawnFailed:
+        spdlog::error("cannot start a worker: {}", result.spawn_error);
+        return kExitFailure;
+      case AttemptResult::End::kWorkerFailed:
+        break;
+    }
+    std::fputs(format_failure_report(result.workers, result.first_failure, host, restart_count,
+                                     config.max_restarts)
+                   .c_str(),
+               stderr);
+    if (restart_count >= config.max_restarts)
+      return exit_code_for(result.workers[result.first_failure]);
+    spdlog::warn("restarting the worker group ({} of {} restarts)", restart_count + 1,
+                 config.max_restarts);
+  }
+}
+
+}  // namespace
+}  // namespace mcprun
+
+int main(int argc, char** argv) {
+  using namespace mcprun;
+  // A console that went away must not kill the launcher mid-teardown.
+  ::signal(SIGPIPE, SIG_IGN);
+  std::vector<std::string> args(argv + 1, argv + argc);
+  try {
+    if (!args.empty() && args.front() == "topo") {
+      init_logging("mcprun", false);
+      return show_topology();
+    }
+    ParseResult parsed = parse_launch_config(args);
+    if (auto* info = std::get_if<InfoRequest>(&parsed)) {
+      std::cout << info->text;
+      return kExitSuccess;
+    }
+    if (auto* error = std::get_if<UsageError>(&parsed)) return usage_error(error->message);
+    const LaunchConfig& config = std::get<LaunchConfig>(parsed);
+    init_logging("mcprun", config.verbose);
+    return launch(config);
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "mcprun: fatal: %s\n", error.what());
+    return kExitFailure;
+  }
+}

@@ -1,0 +1,69 @@
+// Relays each worker's stdout/stderr: whole lines, prefixed "[rankN]:" on the console, copied to
+// per-rank log files, with a short tail kept for the failure report.
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
+
+#include <array>
+#include <cstdio>
+#include <deque>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "common/unique_fd.hpp"
+
+namespace mcprun {
+
+/// How many lines of a rank's output the failure report shows.
+inline constexpr size_t kTailLines = 20;
+
+/// Where one stream of one rank goes.
+struct StreamRoute {
+  bool to_console = true;
+  std::filesystem::path log_file;  ///< Empty: no log file.
+};
+
+/// Reads one worker's two pipes on the event loop.
+class RankOutput {
+ public:
+  /// Creates the pipes; `child_stdout()`/`child_stderr()` are the ends to hand to spawn.
+  RankOutput(boost::asio::io_context& io, int rank, bool prefix, StreamRoute out, StreamRoute err);
+  ~RankOutput() { finish(); }
+  RankOutput(const RankOutput&) = delete;
+  RankOutput& operator=(const RankOutput&) = delete;
+
+  int child_stdout() const { return child_ends_[0].get(); }
+  int child_stderr() const { return child_ends_[1].get(); }
+  /// Closes our copies of the child's ends (after spawn), so EOF arrives when the child exits.
+  void close_child_ends();
+  /// Starts reading both pipes.
+  void start();
+  /// Both pipes reached EOF.
+  bool drained() const { return open_streams_ == 0; }
+  /// Flushes partial lines and stops reading (used when a drain deadline passes).
+  void finish();
+  const std::deque<std::string>& tail() const { return tail_; }
+
+ private:
+  struct Stream {
+    std::unique_ptr<boost::asio::posix::stream_descriptor> pipe;
+    StreamRoute route;
+    std::FILE* log = nullptr;
+    std::string partial;
+    std::array<char, 16384> buffer;
+    int console_fd;
+  };
+  void read_more(Stream& stream);
+  void emit_line(Stream& stream, std::string_view line);
+  void close_stream(Stream& stream);
+
+  std::string prefix_;
+  Stream streams_[2];
+  UniqueFd child_ends_[2];
+  std::deque<std::string> tail_;
+  int open_streams_ = 0;
+};
+
+}  // namespace mcprun

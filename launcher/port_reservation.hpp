@@ -1,0 +1,31 @@
+// A free MASTER_PORT that stays ours until the job ends, without torchrun's bind-close-reuse race.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "common/unique_fd.hpp"
+
+namespace mcprun {
+
+/// Holds a TCP port bound (never listening) with SO_REUSEADDR on the wildcard address.
+///
+/// torchrun binds port 0, closes the socket and hands the number to rank 0, so anything may take
+/// the port in between (pytorch/pytorch#91940). Here the socket stays bound for the whole job:
+/// the kernel then neither hands the port to another bind(0) nor lets a plain bind take it, while
+/// rank 0's TCPStore, which also sets SO_REUSEADDR, may still bind and listen on it, because
+/// Linux only refuses a shared SO_REUSEADDR bind when a socket is already listening.
+class PortReservation {
+ public:
+  /// Reserves a free port; an error message naming the failing call otherwise.
+  static std::optional<PortReservation> reserve(std::string* error);
+
+  int port() const { return port_; }
+
+ private:
+  PortReservation(UniqueFd fd, int port) : fd_(std::move(fd)), port_(port) {}
+  UniqueFd fd_;
+  int port_ = 0;
+};
+
+}  // namespace mcprun

@@ -1,0 +1,176 @@
+#include "launcher/rank_plan.hpp"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <sstream>
+#include <thread>
+
+namespace mcprun {
+namespace {
+
+std::string join(const std::vector<std::string>& items, const char* separator) {
+  std::string text;
+  for (const auto& item : items) text += (text.empty() ? "" : separator) + item;
+  return text;
+}
+
+std::string format_cpus(const std::vector<int>& cpus) {
+  if (cpus.empty()) return "inherited";
+  std::string text;
+  for (size_t i = 0; i < cpus.size();) {
+    size_t j = i;
+    while (j + 1 < cpus.size() && cpus[j + 1] == cpus[j] + 1) ++j;
+    text += (text.empty() ? "" : ",") + std::to_string(cpus[i]);
+    if (j > i) text += "-" + std::to_string(cpus[j]);
+    i = j + 1;
+  }
+  return text;
+}
+
+std::string describe_gpu(const GpuDevice& gpu) {
+  std::string text = gpu.bus_id + " (index " + std::to_string(gpu.pci_index) + ", numa " +
+                     std::to_string(gpu.numa_node);
+  if (!gpu.switch_id().empty()) text += ", under " + gpu.switch_id();
+  if (!gpu.uuid.empty()) text += ", " + gpu.uuid;
+  return text + ")";
+}
+
+std::string quote_arg(const std::string& arg) {
+  if (!arg.empty() && arg.find_first_of(" \t\n'\"\\$`") == std::string::npos) return arg;
+  std::string quoted = "'";
+  for (char c : arg) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return quoted + "'";
+}
+
+}  // namespace
+
+std::optional<std::string> find_executable(const std::string& name, const Environment& env) {
+  if (name.find('/') != std::string::npos) return name;
+  auto path = env.find("PATH");
+  std::stringstream dirs(path == env.end() ? "/usr/local/bin:/usr/bin:/bin" : path->second);
+  for (std::string dir; std::getline(dirs, dir, ':');) {
+    std::string candidate = (dir.empty() ? "." : dir) + "/" + name;
+    if (access(candidate.c_str(), X_OK) == 0 && !std::filesystem::is_directory(candidate))
+      return candidate;
+  }
+  return std::nullopt;
+}
+
+std::variant<RankPlan, UsageError> build_rank_plan(const LaunchConfig& config,
+                                                   std::vector<GpuDevice> discovered,
+                                                   const Environment& inherited, int master_port) {
+  RankPlan plan;
+  plan.warnings = config.warnings;
+
+  // The user's allowed set: --gpus wins over an inherited CUDA_VISIBLE_DEVICES.
+  std::optional<std::string> allowed = config.gpus;
+  if (!allowed)
+    if (auto it = inherited.find("CUDA_VISIBLE_DEVICES"); it != inherited.end()) allowed = it->second;
+  TopologyOrder order = topology_order(std::move(discovered), allowed);
+  if (!order.error.empty())
+    return UsageError{(config.gpus ? "--gpus: " : "CUDA_VISIBLE_DEVICES: ") + order.error};
+  const int gpu_count = static_cast<int>(order.gpus.size());
+  const int cpu_count = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+
+  int nproc = config.nproc.count;
+  switch (config.nproc.kind) {
+    case NprocSpec::Kind::kCount: break;
+    case NprocSpec::Kind::kCpu: nproc = cpu_count; break;
+    case NprocSpec::Kind::kGpu:
+      if (gpu_count == 0)
+        return UsageError{"--nproc-per-node gpu: no NVIDIA GPU found (use a count, cpu or auto)"};
+      nproc = gpu_count;
+      break;
+    case NprocSpec::Kind::kAuto: nproc = gpu_count > 0 ? gpu_count : cpu_count; break;
+  }
+
+  // `-n cpu` asks for a CPU job; no GPU at all is a CPU job too, and not an error.
+  plan.pinned = !config.no_pin && gpu_count > 0 && config.nproc.kind != NprocSpec::Kind::kCpu;
+  if (plan.pinned && nproc > gpu_count)
+    return UsageError{std::to_string(nproc) + " GPU-pinned ranks but only " +
+                      std::to_string(gpu_count) +
+                      " GPU(s) allowed; lower --nproc-per-node or pass --no-pin to share GPUs"};
+
+  if (!config.module) {
+    if (config.no_python) {
+      if (!find_executable(config.script, inherited))
+        return UsageError{"executable not found: " + config.script};
+    } else if (!std::filesystem::is_regular_file(config.script)) {
+      return UsageError{"training script not found: " + config.script};
+    }
+  }
+  if (config.no_python) {
+    plan.argv.push_back(config.script);
+  } else {
+    auto exec = inherited.find("PYTHON_EXEC");
+    std::string python = exec != inherited.end() && !exec->second.empty() ? exec->second : "python3";
+    auto resolved = find_executable(python, inherited);
+    if (!resolved) return UsageError{"python interpreter not found: " + python + " (set PYTHON_EXEC)"};
+    plan.argv = {*resolved, "-u"};  // Unbuffered, as torchrun runs it, so output is live.
+    if (config.module) plan.argv.push_back("-m");
+    plan.argv.push_back(config.script);
+  }
+  plan.argv.insert(plan.argv.end(), config.script_args.begin(), config.script_args.end());
+
+  plan.job = JobIdentity{config.master_addr, master_port, config.rdzv_id, config.role,
+                         config.max_restarts, nproc, nproc, config.node_rank, 1};
+  for (int local_rank = 0; local_rank < nproc; ++local_rank) {
+    RankSlot slot;
+    slot.identity.local_rank = local_rank;
+    slot.identity.rank = config.node_rank * nproc + local_rank;
+    if (plan.pinned) {
+      slot.identity.gpu = order.gpus[local_rank];
+      if (config.bind == LaunchConfig::CpuBind::kNuma) slot.cpus = order.gpus[local_rank].local_cpus;
+    }
+    plan.slots.push_back(std::move(slot));
+  }
+  if (config.bind == LaunchConfig::CpuBind::kNuma && !plan.pinned)
+    plan.warnings.push_back("--bind numa has no effect without pinned GPUs");
+  auto env_warnings = environment_warnings(plan.job, inherited);
+  plan.warnings.insert(plan.warnings.end(), env_warnings.begin(), env_warnings.end());
+  return plan;
+}
+
+std::string format_rank_plan(const RankPlan& plan, const Environment& inherited) {
+  std::ostringstream out;
+  out << "mcprun plan: " << plan.slots.size() << " worker(s), world size " << plan.job.world_size
+      << ", master " << plan.job.master_addr << ":" << plan.job.master_port << ", run id "
+      << plan.job.run_id << (plan.pinned ? ", GPU-pinned" : ", not pinned") << "\n";
+  for (const RankSlot& slot : plan.slots) {
+    const WorkerIdentity& worker = slot.identity;
+    out << "local rank " << worker.local_rank << " (rank " << worker.rank << ")\n"
+        << "  gpu:  " << (worker.gpu ? describe_gpu(*worker.gpu) : "none") << "\n"
+        << "  cpus: " << format_cpus(slot.cpus) << "\n  env:\n";
+    for (const auto& [name, value] :
+         worker_env_delta(plan.job, worker, 0, "<run dir>/attempt_0/" +
+                          std::to_string(worker.local_rank) + "/error.json", inherited))
+      out << "    " << name << "=" << value << "\n";
+    std::vector<std::string> quoted;
+    for (const auto& arg : plan.argv) quoted.push_back(quote_arg(arg));
+    out << "  argv: " << join(quoted, " ") << "\n";
+  }
+  return out.str();
+}
+
+std::string format_topology(const std::vector<GpuDevice>& discovered, const TopologyOrder& order) {
+  std::ostringstream out;
+  out << discovered.size() << " NVIDIA GPU(s) under " << sysfs_root().string() << "\n";
+  for (const GpuDevice& gpu : discovered) {
+    out << "  [" << gpu.pci_index << "] " << gpu.bus_id << "  numa " << gpu.numa_node
+        << "  switch " << (gpu.switch_id().empty() ? "-" : gpu.switch_id()) << "  cpus "
+        << format_cpus(gpu.local_cpus);
+    if (gpu.max_link_width > 0)
+      out << "  link x" << gpu.link_width << "/x" << gpu.max_link_width;
+    out << "  uuid " << (gpu.uuid.empty() ? "- (NVML not loaded)" : gpu.uuid) << "\n";
+  }
+  if (!order.error.empty()) out << "allowed set: " << order.error << "\n";
+  out << "rank mapping (NUMA node, then PCIe switch, then bus id):\n";
+  if (order.gpus.empty()) out << "  none: workers run unpinned on CPU\n";
+  for (size_t rank = 0; rank < order.gpus.size(); ++rank)
+    out << "  local rank " << rank << " -> " << order.gpus[rank].bus_id
+        << "  CUDA_VISIBLE_DEVICES=" << order.gpus[rank].cuda_visible_name() << "\n";
+  return out.str();
+}
+
+}  // namespace mcprun

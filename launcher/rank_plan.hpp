@@ -1,0 +1,45 @@
+// The launch plan: which local rank runs what, on which GPU and CPUs. Built once, before spawning.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "common/topology.hpp"
+#include "launcher/launch_config.hpp"
+#include "launcher/worker_env.hpp"
+
+namespace mcprun {
+
+/// One local rank of the plan.
+struct RankSlot {
+  WorkerIdentity identity;
+  std::vector<int> cpus;  ///< CPU affinity to set before exec; empty: inherit.
+};
+
+/// Everything a launch needs that does not change between restarts.
+struct RankPlan {
+  JobIdentity job;
+  std::vector<RankSlot> slots;
+  std::vector<std::string> argv;  ///< The worker command line, identical for every rank.
+  bool pinned = false;            ///< Workers get CUDA_VISIBLE_DEVICES.
+  std::vector<std::string> warnings;
+};
+
+/// Resolves nproc, GPU pinning, CPU binding and the command line. Returns a one-line error for
+/// bad input (missing script, more pinned ranks than GPUs, no GPU for `-n gpu`, ...).
+std::variant<RankPlan, UsageError> build_rank_plan(const LaunchConfig& config,
+                                                   std::vector<GpuDevice> discovered,
+                                                   const Environment& inherited, int master_port);
+
+/// The --dry-run text: per rank its GPU, CPU set, environment delta and command line.
+std::string format_rank_plan(const RankPlan& plan, const Environment& inherited);
+
+/// The `mcprun topo` text: GPUs with NUMA node and switch, then the rank mapping.
+std::string format_topology(const std::vector<GpuDevice>& discovered, const TopologyOrder& order);
+
+/// Looks `name` up on PATH the way execvp would; returns it unchanged if it has a slash.
+std::optional<std::string> find_executable(const std::string& name, const Environment& env);
+
+}  // namespace mcprun

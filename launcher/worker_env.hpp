@@ -1,0 +1,50 @@
+// The one place that builds a worker's environment: torchrun's contract plus GPU pinning.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/topology.hpp"
+
+namespace mcprun {
+
+using Environment = std::map<std::string, std::string>;
+
+/// The environment mcprun itself was started with.
+Environment current_environment();
+
+/// Job-wide facts every worker of one attempt shares.
+struct JobIdentity {
+  std::string master_addr;
+  int master_port = 0;
+  std::string run_id;
+  std::string role;
+  int max_restarts = 0;
+  int local_world_size = 1;
+  int world_size = 1;
+  int group_rank = 0;
+  int group_world_size = 1;
+};
+
+/// One worker's place in the job.
+struct WorkerIdentity {
+  int local_rank = 0;
+  int rank = 0;
+  std::optional<GpuDevice> gpu;  ///< Set when the worker is pinned.
+};
+
+/// The variables mcprun sets for one worker, i.e. the delta over the inherited environment.
+Environment worker_env_delta(const JobIdentity& job, const WorkerIdentity& worker,
+                             int restart_count, const std::string& error_file,
+                             const Environment& inherited);
+
+/// inherited + delta, as "KEY=VALUE" strings ready for exec.
+std::vector<std::string> merge_environment(const Environment& inherited, const Environment& delta);
+
+/// One line per inherited variable that would fight mcprun's own value (FIELD.md's "two parties
+/// own the process group"), naming the variable and both values; plus the OMP_NUM_THREADS note.
+std::vector<std::string> environment_warnings(const JobIdentity& job, const Environment& inherited);
+
+}  // namespace mcprun

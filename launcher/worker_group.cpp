@@ -1,0 +1,190 @@
+#include "launcher/worker_group.hpp"
+
+#include <signal.h>
+
+#include <boost/asio/steady_timer.hpp>
+
+#include "common/logging.hpp"
+
+namespace mcprun {
+namespace {
+
+bool terminates_group(int signal) {
+  return signal == SIGINT || signal == SIGTERM || signal == SIGHUP || signal == SIGQUIT;
+}
+
+}  // namespace
+
+WorkerGroup::WorkerGroup(boost::asio::io_context& io, ProcessControl& control,
+                         const RankPlan& plan, const LaunchConfig& config,
+                         const Environment& inherited)
+    : io_(io),
+      control_(control),
+      plan_(plan),
+      config_(config),
+      inherited_(inherited),
+      signals_(io, SIGCHLD, SIGINT, SIGTERM) {
+  for (int signal : {SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2}) signals_.add(signal);
+  wait_for_signals();
+}
+
+void WorkerGroup::wait_for_signals() {
+  signals_.async_wait([this](boost::system::error_code ec, int signal) {
+    if (ec) return;
+    on_signal(signal);
+    wait_for_signals();
+  });
+}
+
+void WorkerGroup::on_signal(int signal) {
+  if (signal == SIGCHLD) return on_child_exits();
+  if (!terminates_group(signal)) {  // SIGUSR1/2: the workers' business, not ours.
+    signal_all(signal);
+    return;
+  }
+  if (stopping_) {
+    escalate_ = true;
+    return;
+  }
+  spdlog::warn("received {}, forwarding it to every worker and stopping the group",
+               signal_name(signal));
+  signal_all(signal);
+  interrupt_signal_ = signal;
+}
+
+void WorkerGroup::on_child_exits() {
+  for (const ProcessExit& exit : control_.reap()) {
+    for (size_t i = 0; i < workers_.size(); ++i) {
+      Worker& worker = workers_[i];
+      if (worker.pid != exit.pid || !worker.running) continue;
+      worker.running = false;
+      worker.outcome.exit_code = exit.exit_code;
+      worker.outcome.signal = exit.signal;
+      worker.outcome.exit_time = std::chrono::system_clock::now();
+      worker.outcome.stopped_by_launcher = stopping_ || interrupt_signal_ != 0;
+      if (!exit.succeeded() && !worker.outcome.stopped_by_launcher && !first_failure_)
+        first_failure_ = i;
+    }
+  }
+}
+
+void WorkerGroup::signal_all(int signal) {
+  // Exited leaders too: their group may still hold grandchildren.
+  for (const Worker& worker : workers_)
+    if (worker.pid > 0) control_.signal_group(worker.pid, signal);
+  control_.signal_orphans(signal);
+}
+
+size_t WorkerGroup::running_count() const {
+  size_t count = 0;
+  for (const Worker& worker : workers_) count += worker.running;
+  return count;
+}
+
+bool WorkerGroup::run_until(const std::function<bool()>& done,
+                            std::chrono::steady_clock::duration limit) {
+  // Shared with the handler, which may run after this frame is gone.
+  auto expired = std::make_shared<bool>(false);
+  boost::asio::steady_timer timer(io_, limit);
+  timer.async_wait([expired](boost::system::error_code ec) { *expired = !ec; });
+  while (!done() && !*expired && !escalate_) io_.run_one();
+  return done();
+}
+
+void WorkerGroup::stop_all(int soft_signal, bool already_delivered) {
+  stopping_ = true;
+  auto nothing_left = [this] { return !control_.has_children(); };
+  if (nothing_left()) return;
+  if (!already_delivered) signal_all(soft_signal);
+  const auto grace = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(config_.term_timeout));
+  if (run_until(nothing_left, grace)) return;
+  spdlog::warn("{} worker(s) still running after {}; sending SIGKILL", running_count(),
+               escalate_ ? "a second interrupt" : std::to_string(config_.term_timeout) + " s");
+  escalate_ = false;
+  signal_all(SIGKILL);
+  if (!run_until(nothing_left, kKillReapTimeout))
+    spdlog::error("some processes could not be reaped within {} s", kKillReapTimeout.count());
+}
+
+AttemptResult WorkerGroup::run_attempt(int restart_count, const AttemptFiles& files) {
+  workers_.clear();
+  first_failure_.reset();
+  stopping_ = escalate_ = false;
+  AttemptResult result;
+  const bool prefix = plan_.slots.size() > 1;
+
+  workers_.reserve(plan_.slots.size());
+  for (const RankSlot& slot : plan_.slots) {
+    const int local_rank = slot.identity.local_rank;
+    const auto rank_dir = files.attempt_dir / std::to_string(local_rank);
+    std::filesystem::create_directories(rank_dir);
+    const int redirect = config_.redirects.bits_for(local_rank), tee = config_.tee.bits_for(local_rank);
+    const bool shown = !config_.local_ranks_filter || config_.local_ranks_filter->contains(local_rank);
+    StreamRoute out{shown && (!(redirect & 1) || (tee & 1)),
+                    files.keep_logs ? rank_dir / "stdout.log" : std::filesystem::path()};
+    StreamRoute err{shown && (!(redirect & 2) || (tee & 2)),
+                    files.keep_logs ? rank_dir / "stderr.log" : std::filesystem::path()};
+    Worker& worker = workers_.emplace_back();
+    worker.slot = &slot;
+    worker.output = std::make_unique<RankOutput>(io_, slot.identity.rank, prefix, out, err);
+    worker.outcome.rank = slot.identity.rank;
+    worker.outcome.local_rank = local_rank;
+    worker.outcome.error_file = rank_dir / "error.json";
+  }
+
+  for (Worker& worker : workers_) {
+    if (interrupt_signal_ != 0) break;
+    SpawnRequest request{plan_.argv,
+                         merge_environment(inherited_, worker_env_delta(
+                                                           plan_.job, worker.slot->identity,
+                                                           restart_count,
+                                                           worker.outcome.error_file.string(),
+                                                           inherited_)),
+                         worker.slot->cpus, worker.output->child_stdout(),
+                         worker.output->child_stderr()};
+    std::string error;
+    auto pid = control_.spawn(request, &error);
+    worker.output->close_child_ends();
+    if (!pid) {
+      result.end = AttemptResult::End::kSpawnFailed;
+      result.spawn_error = error;
+      break;
+    }
+    worker.pid = *pid;
+    worker.running = true;
+    worker.outcome.pid = *pid;
+    worker.output->start();
+    spdlog::debug("started local rank {} as pid {}", worker.slot->identity.local_rank, *pid);
+  }
+
+  if (result.end != AttemptResult::End::kSpawnFailed)
+    run_until([this] { return running_count() == 0 || first_failure_ || interrupt_signal_ != 0; },
+              std::chrono::hours(24 * 365));  // The job's own length: no limit of ours.
+
+  // Whatever ended the attempt, nothing of it outlives it: not workers, not their grandchildren.
+  if (interrupt_signal_ != 0) stop_all(interrupt_signal_, true);
+  else stop_all(SIGTERM, false);
+
+  run_until([this] {
+    for (const Worker& worker : workers_) if (!worker.output->drained()) return false;
+    return true;
+  }, kOutputDrainTimeout);
+  for (Worker& worker : workers_) {
+    worker.output->finish();
+    worker.outcome.tail = worker.output->tail();
+    result.workers.push_back(worker.outcome);
+  }
+
+  if (result.end == AttemptResult::End::kSpawnFailed) return result;
+  if (interrupt_signal_ != 0) {
+    result.end = AttemptResult::End::kInterrupted;
+    result.interrupt_signal = interrupt_signal_;
+  } else if (first_failure_) {
+    result.end = AttemptResult::End::kWorkerFailed;
+    result.first_failure = *first_failure_;
+  }
+  return result;
+}
+
+}  // namespace mcprun

@@ -1,0 +1,83 @@
+// Supervises one node's workers: spawns them, relays output, reacts to exits and signals, and
+// stops the whole group (SIGTERM, grace, SIGKILL, reap everything) on the first failure.
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "launcher/failure_report.hpp"
+#include "launcher/launch_config.hpp"
+#include "launcher/output_relay.hpp"
+#include "launcher/process_control.hpp"
+#include "launcher/rank_plan.hpp"
+
+namespace mcprun {
+
+/// How long SIGKILLed processes get to be reaped before mcprun gives up on them and exits.
+inline constexpr std::chrono::seconds kKillReapTimeout{5};
+/// How long output still buffered in pipes may take to arrive once every worker is dead.
+inline constexpr std::chrono::seconds kOutputDrainTimeout{2};
+
+/// How an attempt ended.
+struct AttemptResult {
+  enum class End { kSucceeded, kWorkerFailed, kInterrupted, kSpawnFailed } end = End::kSucceeded;
+  std::vector<WorkerOutcome> workers;
+  size_t first_failure = 0;     ///< Index into workers, for kWorkerFailed.
+  int interrupt_signal = 0;     ///< For kInterrupted.
+  std::string spawn_error;      ///< For kSpawnFailed.
+};
+
+/// Where an attempt's per-rank files go.
+struct AttemptFiles {
+  std::filesystem::path attempt_dir;  ///< <run dir>/attempt_<n>; holds one folder per local rank.
+  bool keep_logs = false;             ///< Write stdout.log/stderr.log per rank.
+};
+
+/// One node's worker group across restarts. Owns the launcher's signal handling meanwhile.
+class WorkerGroup {
+ public:
+  WorkerGroup(boost::asio::io_context& io, ProcessControl& control, const RankPlan& plan,
+              const LaunchConfig& config, const Environment& inherited);
+
+  /// Starts every worker of attempt `restart_count` and supervises them until all are gone.
+  AttemptResult run_attempt(int restart_count, const AttemptFiles& files);
+
+ private:
+  struct Worker {
+    const RankSlot* slot;
+    pid_t pid = 0;
+    bool running = false;
+    std::unique_ptr<RankOutput> output;
+    WorkerOutcome outcome;
+  };
+  void wait_for_signals();
+  void on_signal(int signal);
+  void on_child_exits();
+  /// Soft signal to every group (unless already delivered), grace period, SIGKILL, reap all.
+  void stop_all(int soft_signal, bool already_delivered);
+  void signal_all(int signal);
+  /// Runs the event loop until `done()` or the deadline; returns done().
+  bool run_until(const std::function<bool()>& done, std::chrono::steady_clock::duration limit);
+  size_t running_count() const;
+
+  boost::asio::io_context& io_;
+  ProcessControl& control_;
+  const RankPlan& plan_;
+  const LaunchConfig& config_;
+  const Environment& inherited_;
+  boost::asio::signal_set signals_;
+  std::vector<Worker> workers_;
+  std::optional<size_t> first_failure_;
+  int interrupt_signal_ = 0;
+  bool stopping_ = false;
+  bool escalate_ = false;  ///< A second interrupt while stopping: SIGKILL now.
+};
+
+}  // namespace mcprun

@@ -1,0 +1,91 @@
+"""Shared pieces of the end-to-end tests: the built binary, temp dirs, and waits with deadlines."""
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+MCPRUN = os.environ.get("MCPRUN", os.path.join(os.path.dirname(__file__), "../../build/launcher/mcprun"))
+PYTHON = os.environ.get("PYTHON_EXEC", "/usr/bin/python3")
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "../.."))
+
+
+def wait_for(condition, timeout, interval=0.02):
+    """Polls `condition` until it is truthy or `timeout` seconds pass; returns its last value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value or time.monotonic() >= deadline:
+            return value
+        time.sleep(interval)
+
+
+def alive(pid):
+    """True while `pid` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+class LauncherTestCase(unittest.TestCase):
+    """Gives each test a temp dir and kills whatever a failed test left behind."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="mcprun-e2e-")
+        self.procs = []
+        self.env = dict(os.environ, PYTHON_EXEC=PYTHON, MCPRUN_TEST_DIR=self.tmp,
+                        PATH="/usr/bin:/bin:" + os.environ.get("PATH", ""))
+        for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                     "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS"):
+            self.env.pop(name, None)
+
+    def tearDown(self):
+        for proc in self.procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            for stream in (proc.stdout, proc.stderr):
+                stream.close()
+        leftover = [pid for pid in self.pids() if alive(pid)]
+        for pid in leftover:
+            os.kill(pid, signal.SIGKILL)
+        subprocess.run(["rm", "-rf", self.tmp], check=False)
+        self.assertEqual(leftover, [], "processes outlived the test")
+
+    def script(self, name, text):
+        path = os.path.join(self.tmp, name)
+        with open(path, "w") as out:
+            out.write(text)
+        return path
+
+    def start(self, *args, env=None):
+        """Starts mcprun in its own session, as a terminal job would be."""
+        proc = subprocess.Popen([MCPRUN, *args], env=env or self.env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+        self.procs.append(proc)
+        return proc
+
+    def run_mcprun(self, *args, env=None, timeout=120):
+        proc = self.start(*args, env=env)
+        out, err = proc.communicate(timeout=timeout)
+        return proc.returncode, out, err
+
+    def pids(self):
+        """Pids that test workers wrote as <tmp>/pid.<anything>."""
+        found = []
+        for name in os.listdir(self.tmp):
+            if name.startswith("pid."):
+                with open(os.path.join(self.tmp, name)) as f:
+                    found += [int(p) for p in f.read().split()]
+        return found
+
+    def files(self, prefix):
+        return sorted(n for n in os.listdir(self.tmp) if n.startswith(prefix))
+
+
+if __name__ == "__main__":
+    sys.exit("run through unittest")

@@ -1,0 +1,244 @@
+"""End-to-end tests of mcprun with real processes, signals and Debian's torch over gloo."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+
+from harness import MCPRUN, PYTHON, REPO, LauncherTestCase, alive, wait_for
+import fake_sysfs
+
+# A worker that records its pid, then behaves as $BEHAVIOUR_<local rank> says (default: sleep).
+SHELL_WORKER = r'''
+echo $$ > "$MCPRUN_TEST_DIR/pid.$LOCAL_RANK"
+eval "behaviour=\${BEHAVIOUR_$LOCAL_RANK:-sleep 60}"
+eval "$behaviour"
+'''
+
+
+class DistributedTraining(LauncherTestCase):
+    def test_ddp_allreduce_over_gloo_at_four_ranks(self):
+        code, out, err = self.run_mcprun("-n", "4", os.path.join(REPO, "examples/ddp_train.py"))
+        self.assertEqual(code, 0, err)
+        for rank in range(4):
+            self.assertIn(f"[rank{rank}]:rank {rank}/4 local_rank {rank}: done, replicas in sync", out)
+        self.assertIn("[rank0]:step  40", out)
+
+    def test_environment_matches_torchrun(self):
+        dump = self.script("dump_env.py", r'''
+import json, os, sys
+import torch.distributed as dist
+keys = ["RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE",
+        "WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+        "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
+        "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE", "NCCL_ASYNC_ERROR_HANDLING",
+        "OMP_NUM_THREADS"]
+env = {k: os.environ.get(k) for k in keys}
+env["is_torchelastic_launched"] = dist.is_torchelastic_launched()
+env["unbuffered"] = not sys.stdout.buffer.__class__.__name__ == "BufferedWriter"
+with open(os.path.join(sys.argv[1], "env.%s.json" % os.environ["RANK"]), "w") as f:
+    json.dump(env, f)
+''')
+        ours, theirs = os.path.join(self.tmp, "mcprun"), os.path.join(self.tmp, "torchrun")
+        os.makedirs(ours), os.makedirs(theirs)
+        code, _, err = self.run_mcprun("--nproc_per_node", "2", "--max-restarts", "1", dump, ours)
+        self.assertEqual(code, 0, err)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        # Debian's torch 1.13 on Python 3.11 crashes with torchrun's default redirects.
+        subprocess.run(["/usr/bin/torchrun", "--nproc_per_node", "2", "--max_restarts", "1",
+                        "--master_port", str(port), "-r", "1", "-t", "1", dump, theirs],
+                       env=self.env, check=True, capture_output=True, timeout=120)
+        for rank in range(2):
+            with open(os.path.join(ours, f"env.{rank}.json")) as f:
+                mine = json.load(f)
+            with open(os.path.join(theirs, f"env.{rank}.json")) as f:
+                reference = json.load(f)
+            # Ports and paths differ by design; each must still be there and well formed.
+            self.assertTrue(mine.pop("MASTER_PORT").isdigit())
+            reference.pop("MASTER_PORT")
+            self.assertTrue(mine.pop("TORCHELASTIC_ERROR_FILE").endswith(f"/attempt_0/{rank}/error.json"))
+            reference.pop("TORCHELASTIC_ERROR_FILE")
+            # torchrun's static backend hosts the store in its agent; mcprun lets rank 0 host it.
+            self.assertEqual(reference.pop("TORCHELASTIC_USE_AGENT_STORE"), "True")
+            self.assertEqual(mine.pop("TORCHELASTIC_USE_AGENT_STORE"), "False")
+            self.assertEqual(mine, reference)
+
+
+class Supervision(LauncherTestCase):
+    def shell(self, *args, nproc=4, extra_env=None, **kwargs):
+        env = dict(self.env, **(extra_env or {}))
+        return self.start("-n", str(nproc), *args, "--no-python", "/bin/sh", "-c", SHELL_WORKER,
+                          env=env, **kwargs)
+
+    def test_first_failure_stops_everyone_within_a_second(self):
+        proc = self.shell(extra_env={"BEHAVIOUR_2": 'sleep 0.5; echo "rank two gives up" >&2; '
+                                     'date +%s.%N > "$MCPRUN_TEST_DIR/failed_at"; exit 7'})
+        _, err = proc.communicate(timeout=30)
+        finished = time.time()
+        self.assertEqual(proc.returncode, 7, err)
+        with open(os.path.join(self.tmp, "failed_at")) as f:
+            self.assertLess(finished - float(f.read()), 1.0)
+        self.assertEqual([p for p in self.pids() if alive(p)], [])
+        self.assertIn("rank:       2 (local rank 2)", err)
+        self.assertIn("exit code 7", err)
+        self.assertIn("rank two gives up", err)
+        self.assertIn("Stopped by mcprun: rank(s) 0,1,3", err)
+
+    def test_sigkill_of_the_launcher_takes_every_worker_along(self):
+        proc = self.shell()
+        self.assertTrue(wait_for(lambda: len(self.pids()) == 4, 20), "workers did not start")
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        self.assertTrue(wait_for(lambda: not any(alive(p) for p in self.pids()), 5),
+                        "a worker survived its launcher")
+
+    def test_grandchildren_left_behind_are_killed(self):
+        worker = ('setsid sleep 300 & echo $! > "$MCPRUN_TEST_DIR/pid.grandchild.$LOCAL_RANK"; '
+                  'sleep 300 & echo $! >> "$MCPRUN_TEST_DIR/pid.grandchild.$LOCAL_RANK"; exit 0')
+        code = self.shell(nproc=2, extra_env={"BEHAVIOUR_0": worker, "BEHAVIOUR_1": worker})
+        code.communicate(timeout=30)
+        self.assertEqual(code.returncode, 0)
+        self.assertEqual(len(self.pids()), 6)
+        self.assertEqual([p for p in self.pids() if alive(p)], [])
+
+    def test_sigint_reaches_workers_and_exits_130(self):
+        waiter = ('trap \'echo INT > "$MCPRUN_TEST_DIR/saw.$LOCAL_RANK"; exit 0\' INT; '
+                  'touch "$MCPRUN_TEST_DIR/ready.$LOCAL_RANK"; while :; do sleep 0.05; done')
+        proc = self.shell(nproc=3, extra_env={f"BEHAVIOUR_{r}": waiter for r in range(3)})
+        self.assertTrue(wait_for(lambda: len(self.files("ready.")) == 3, 20))
+        os.kill(proc.pid, signal.SIGINT)
+        proc.communicate(timeout=30)
+        self.assertEqual(proc.returncode, 130)
+        self.assertEqual(self.files("saw."), ["saw.0", "saw.1", "saw.2"])
+
+    def test_worker_ignoring_sigterm_is_killed_after_the_grace_period(self):
+        stubborn = ('trap "" TERM; touch "$MCPRUN_TEST_DIR/ready"; '
+                    'while :; do sleep 0.05; done')
+        proc = self.shell("--term-timeout", "1", nproc=2,
+                          extra_env={"BEHAVIOUR_0": stubborn,
+                                     "BEHAVIOUR_1": 'while [ ! -f "$MCPRUN_TEST_DIR/ready" ]; do '
+                                                    'sleep 0.05; done; exit 3'})
+        started = time.monotonic()
+        _, err = proc.communicate(timeout=30)
+        self.assertEqual(proc.returncode, 3, err)
+        self.assertIn("sending SIGKILL", err)
+        self.assertGreaterEqual(time.monotonic() - started, 1.0)
+        self.assertEqual([p for p in self.pids() if alive(p)], [])
+
+    def test_restarts_bump_the_restart_count(self):
+        flaky = ('echo "$TORCHELASTIC_RESTART_COUNT" >> "$MCPRUN_TEST_DIR/attempts"; '
+                 '[ "$TORCHELASTIC_RESTART_COUNT" -ge 1 ] || exit 5')
+        proc = self.shell("--max-restarts", "2", nproc=2,
+                          extra_env={"BEHAVIOUR_0": "exit 0", "BEHAVIOUR_1": flaky})
+        _, err = proc.communicate(timeout=60)
+        self.assertEqual(proc.returncode, 0, err)
+        with open(os.path.join(self.tmp, "attempts")) as f:
+            self.assertEqual(f.read().split(), ["0", "1"])
+        self.assertIn("restarting the worker group (1 of 2 restarts)", err)
+
+    def test_workers_are_fresh_processes_with_a_clean_slate(self):
+        probe = self.script("probe.py", r'''
+import json, os, signal, sys
+status = dict(line.split(":\t", 1) for line in open("/proc/self/status").read().splitlines() if ":\t" in line)
+info = {"pgid_is_self": os.getpgid(0) == os.getpid(),
+        "blocked": status["SigBlk"].strip(), "ignored": status["SigIgn"].strip(),
+        "fds": sorted(int(fd) for fd in os.listdir("/proc/self/fd")),
+        "argv0": sys.argv[0], "unbuffered": sys.flags.unbuffered if hasattr(sys.flags, "unbuffered") else None}
+with open(os.path.join(os.environ["MCPRUN_TEST_DIR"], "probe.%s" % os.environ["LOCAL_RANK"]), "w") as f:
+    json.dump(info, f)
+''')
+        code, _, err = self.run_mcprun("-n", "2", probe)
+        self.assertEqual(code, 0, err)
+        for rank in range(2):
+            with open(os.path.join(self.tmp, f"probe.{rank}")) as f:
+                info = json.load(f)
+            self.assertTrue(info["pgid_is_self"])
+            self.assertEqual(info["blocked"], "0000000000000000")
+            self.assertEqual(info["fds"][:3], [0, 1, 2])
+            self.assertLessEqual(len(info["fds"]), 4)  # 0-2 plus the listing's own fd
+
+
+class OutputAndLogs(LauncherTestCase):
+    def test_prefix_filter_and_log_dir(self):
+        logs = os.path.join(self.tmp, "logs")
+        code, out, err = self.run_mcprun(
+            "-n", "3", "--local-ranks-filter", "0,2", "--log-dir", logs, "--rdzv-id", "job9",
+            "--no-python", "/bin/sh", "-c", 'echo "out of $RANK"; echo "err of $RANK" >&2')
+        self.assertEqual(code, 0, err)
+        self.assertEqual(sorted(out.splitlines()), ["[rank0]:out of 0", "[rank2]:out of 2"])
+        self.assertIn("[rank2]:err of 2", err)
+        self.assertNotIn("[rank1]", out + err)
+        [run_dir] = os.listdir(logs)
+        self.assertTrue(run_dir.startswith("mcprun_job9_"))
+        with open(os.path.join(logs, run_dir, "attempt_0", "1", "stdout.log")) as f:
+            self.assertEqual(f.read(), "out of 1\n")
+
+    def test_redirects_send_streams_to_files_only(self):
+        logs = os.path.join(self.tmp, "logs")
+        code, out, err = self.run_mcprun("-n", "2", "-r", "1", "--log-dir", logs, "--no-python",
+                                         "/bin/sh", "-c", 'echo "hidden $RANK"; echo "shown" >&2')
+        self.assertEqual(code, 0, err)
+        self.assertEqual(out, "")
+        self.assertEqual(err.count("shown"), 2)
+
+    def test_lines_never_interleave(self):
+        code, out, err = self.run_mcprun(
+            "-n", "4", "--no-python", PYTHON, "-c",
+            "import os,sys\nr=os.environ['RANK']\nfor i in range(2000): sys.stdout.write(r*100+'\\n')")
+        self.assertEqual(code, 0, err)
+        lines = out.splitlines()
+        self.assertEqual(len(lines), 8000)
+        for line in lines:
+            rank = line[5]
+            self.assertEqual(line, f"[rank{rank}]:" + rank * 100)
+
+
+class GpuPinning(LauncherTestCase):
+    def test_ranks_pinned_in_topology_order_with_numa_binding(self):
+        root = os.path.join(self.tmp, "sys")
+        fake_sysfs.make_tree(root, [
+            dict(bus_id="0000:1a:00.0", numa_node=0, local_cpulist="0", switch="0000:16:00.0"),
+            dict(bus_id="0000:3b:00.0", numa_node=1, local_cpulist="1", switch="0000:3a:00.0"),
+            dict(bus_id="0000:5e:00.0", numa_node=0, local_cpulist="0", switch="0000:5d:00.0"),
+            dict(bus_id="0000:86:00.0", numa_node=1, local_cpulist="1", switch="0000:85:00.0"),
+        ])
+        env = dict(self.env, MCPRUN_SYSFS_ROOT=root)
+        code, out, err = self.run_mcprun(
+            "-n", "4", "--bind", "numa", "--no-python", PYTHON, "-c",
+            "import os; print(os.environ['CUDA_VISIBLE_DEVICES'], os.environ['CUDA_DEVICE_ORDER'],"
+            " sorted(os.sched_getaffinity(0)))", env=env)
+        self.assertEqual(code, 0, err)
+        self.assertEqual(sorted(out.splitlines()), [
+            "[rank0]:0 PCI_BUS_ID [0]", "[rank1]:2 PCI_BUS_ID [0]",
+            "[rank2]:1 PCI_BUS_ID [1]", "[rank3]:3 PCI_BUS_ID [1]"])
+        code, out, _ = self.run_mcprun("topo", env=env)
+        self.assertEqual(code, 0)
+        self.assertIn("local rank 1 -> 0000:5e:00.0", out)
+        code, _, err = self.run_mcprun("-n", "5", "--no-python", "/bin/true", env=env)
+        self.assertEqual(code, 2)
+        self.assertIn("--no-pin", err)
+
+
+class BadInput(LauncherTestCase):
+    def test_each_gets_one_line_and_exit_code_2(self):
+        script = self.script("t.py", "pass\n")
+        cases = [["--bogus", script], ["-n", "0", script], ["-n", "-1", script],
+                 ["-n", "2", os.path.join(self.tmp, "missing.py")], ["-r", "0:7", script],
+                 ["--nproc-per-node", "gpu", script]]
+        for args in cases:
+            code, out, err = self.run_mcprun(*args)
+            self.assertEqual(code, 2, (args, err))
+            self.assertEqual(len(err.strip().splitlines()), 1, (args, err))
+            self.assertTrue(err.startswith("mcprun: error: "), err)
+
+    def test_dry_run_starts_nothing(self):
+        script = self.script("t.py", "open(__import__('os').environ['MCPRUN_TEST_DIR'] + '/ran', 'w')\n")
+        code, out, err = self.run_mcprun("-n", "2", "--dry-run", script, "--lr", "1")
+        self.assertEqual(code, 0, err)
+        self.assertIn("local rank 1 (rank 1)", out)
+        self.assertIn("WORLD_SIZE=2", out)
+        self.assertIn(f"-u {script} --lr 1", out)
+        self.assertEqual(self.files("ran"), [])

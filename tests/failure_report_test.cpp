@@ -1,0 +1,62 @@
+#include "launcher/failure_report.hpp"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <fstream>
+
+namespace mcprun {
+namespace {
+
+std::vector<WorkerOutcome> three_workers() {
+  std::vector<WorkerOutcome> workers(3);
+  for (int i = 0; i < 3; ++i) {
+    workers[i].rank = workers[i].local_rank = i;
+    workers[i].pid = 100 + i;
+  }
+  workers[1].exit_code = 7;
+  workers[1].tail = {"loading data", "boom"};
+  workers[2].signal = SIGSEGV;
+  workers[0].signal = SIGTERM;
+  workers[0].stopped_by_launcher = true;
+  return workers;
+}
+
+TEST(FailureReport, NamesRootCauseOthersAndStopped) {
+  auto workers = three_workers();
+  workers[1].error_file = "/nonexistent/error.json";
+  std::string report = format_failure_report(workers, 1, "node-a", 0, 0);
+  EXPECT_NE(report.find("rank:       1 (local rank 1)"), std::string::npos) << report;
+  EXPECT_NE(report.find("host:       node-a"), std::string::npos);
+  EXPECT_NE(report.find("pid:        101"), std::string::npos);
+  EXPECT_NE(report.find("exit code 7"), std::string::npos);
+  EXPECT_NE(report.find("    boom"), std::string::npos);
+  EXPECT_NE(report.find("rank 2 (local rank 2, pid 102): SIGSEGV (signal 11)"), std::string::npos);
+  EXPECT_NE(report.find("Stopped by mcprun: rank(s) 0"), std::string::npos);
+}
+
+TEST(FailureReport, ShowsRecordedErrorFile) {
+  auto path = std::filesystem::temp_directory_path() /
+              ("error_" + std::to_string(::getpid()) + ".json");
+  std::ofstream(path) << R"({"message": {"message": "RuntimeError: bad batch",
+      "extraInfo": {"py_callstack": "Traceback (most recent call last):\n  File \"t.py\"",
+                    "timestamp": "1700000000"}}})";
+  auto workers = three_workers();
+  workers[1].error_file = path;
+  std::string report = format_failure_report(workers, 1, "h", 0, 0);
+  EXPECT_NE(report.find("message:    RuntimeError: bad batch"), std::string::npos) << report;
+  EXPECT_NE(report.find("    Traceback (most recent call last):"), std::string::npos);
+  std::ofstream(path) << "not json";
+  EXPECT_FALSE(read_error_file(path));
+  std::filesystem::remove(path);
+}
+
+TEST(ExitCodes, WorkerCodeOrSignal) {
+  auto workers = three_workers();
+  EXPECT_EQ(exit_code_for(workers[1]), 7);
+  EXPECT_EQ(exit_code_for(workers[2]), 128 + SIGSEGV);
+}
+
+}  // namespace
+}  // namespace mcprun

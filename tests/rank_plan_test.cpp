@@ -1,0 +1,116 @@
+#include "launcher/rank_plan.hpp"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+namespace mcprun {
+namespace {
+
+GpuDevice gpu(const std::string& bus_id, int numa, std::vector<int> cpus) {
+  GpuDevice device;
+  device.bus_id = bus_id;
+  device.numa_node = numa;
+  device.local_cpus = std::move(cpus);
+  return device;
+}
+
+/// Four GPUs whose bus order interleaves two NUMA nodes.
+std::vector<GpuDevice> interleaved_box() {
+  std::vector<GpuDevice> gpus{gpu("0000:1a:00.0", 0, {0}), gpu("0000:3b:00.0", 1, {1}),
+                              gpu("0000:5e:00.0", 0, {0}), gpu("0000:86:00.0", 1, {1})};
+  for (size_t i = 0; i < gpus.size(); ++i) gpus[i].pci_index = static_cast<int>(i);
+  return gpus;
+}
+
+class RankPlanTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    script_ = std::filesystem::temp_directory_path() /
+              ("rank_plan_test_" + std::to_string(::getpid()) + ".py");
+    std::ofstream(script_) << "print('hi')\n";
+  }
+  void TearDown() override { std::filesystem::remove(script_); }
+
+  LaunchConfig config(int nproc) {
+    LaunchConfig config;
+    config.nproc.count = nproc;
+    config.script = script_.string();
+    return config;
+  }
+  Environment env_{{"PATH", "/usr/bin:/bin"}, {"PYTHON_EXEC", "/bin/sh"}};
+  std::filesystem::path script_;
+};
+
+TEST_F(RankPlanTest, LocalRanksFollowTopologyAndPinOneGpuEach) {
+  LaunchConfig cfg = config(4);
+  cfg.bind = LaunchConfig::CpuBind::kNuma;
+  auto planned = build_rank_plan(cfg, interleaved_box(), env_, 29500);
+  ASSERT_TRUE(std::holds_alternative<RankPlan>(planned));
+  const RankPlan& plan = std::get<RankPlan>(planned);
+  ASSERT_TRUE(plan.pinned);
+  std::vector<std::string> order;
+  for (const RankSlot& slot : plan.slots) order.push_back(slot.identity.gpu->bus_id);
+  EXPECT_EQ(order, (std::vector<std::string>{"0000:1a:00.0", "0000:5e:00.0", "0000:3b:00.0",
+                                             "0000:86:00.0"}));
+  EXPECT_EQ(plan.slots[2].cpus, std::vector<int>{1});
+  EXPECT_EQ(plan.argv, (std::vector<std::string>{"/bin/sh", "-u", script_.string()}));
+}
+
+TEST_F(RankPlanTest, MoreRanksThanGpusNeedsNoPin) {
+  auto planned = build_rank_plan(config(5), interleaved_box(), env_, 1);
+  ASSERT_TRUE(std::holds_alternative<UsageError>(planned));
+  EXPECT_NE(std::get<UsageError>(planned).message.find("--no-pin"), std::string::npos);
+  LaunchConfig cfg = config(5);
+  cfg.no_pin = true;
+  auto unpinned = build_rank_plan(cfg, interleaved_box(), env_, 1);
+  ASSERT_TRUE(std::holds_alternative<RankPlan>(unpinned));
+  EXPECT_FALSE(std::get<RankPlan>(unpinned).slots[0].identity.gpu);
+}
+
+TEST_F(RankPlanTest, InheritedVisibleDevicesIsTheAllowedSet) {
+  env_["CUDA_VISIBLE_DEVICES"] = "3,0";
+  LaunchConfig cfg = config(1);
+  cfg.nproc.kind = NprocSpec::Kind::kGpu;
+  auto planned = build_rank_plan(cfg, interleaved_box(), env_, 1);
+  ASSERT_TRUE(std::holds_alternative<RankPlan>(planned));
+  const RankPlan& plan = std::get<RankPlan>(planned);
+  ASSERT_EQ(plan.slots.size(), 2u);
+  EXPECT_EQ(plan.slots[0].identity.gpu->bus_id, "0000:1a:00.0");
+  EXPECT_EQ(plan.slots[1].identity.gpu->bus_id, "0000:86:00.0");
+}
+
+TEST_F(RankPlanTest, NoGpuIsACpuRunButGpuModeIsAnError) {
+  auto planned = build_rank_plan(config(2), {}, env_, 1);
+  ASSERT_TRUE(std::holds_alternative<RankPlan>(planned));
+  EXPECT_FALSE(std::get<RankPlan>(planned).pinned);
+  LaunchConfig cfg = config(1);
+  cfg.nproc.kind = NprocSpec::Kind::kGpu;
+  EXPECT_TRUE(std::holds_alternative<UsageError>(build_rank_plan(cfg, {}, env_, 1)));
+}
+
+TEST_F(RankPlanTest, MissingScriptAndInterpreter) {
+  LaunchConfig cfg = config(1);
+  cfg.script = "/nonexistent/train.py";
+  auto planned = build_rank_plan(cfg, {}, env_, 1);
+  ASSERT_TRUE(std::holds_alternative<UsageError>(planned));
+  EXPECT_NE(std::get<UsageError>(planned).message.find("/nonexistent/train.py"), std::string::npos);
+  env_["PYTHON_EXEC"] = "no-such-python";
+  EXPECT_TRUE(std::holds_alternative<UsageError>(build_rank_plan(config(1), {}, env_, 1)));
+}
+
+TEST_F(RankPlanTest, DryRunShowsGpuCpusEnvAndArgv) {
+  LaunchConfig cfg = config(2);
+  cfg.script_args = {"--lr", "3e-4"};
+  auto planned = build_rank_plan(cfg, interleaved_box(), env_, 29777);
+  const std::string text = format_rank_plan(std::get<RankPlan>(planned), env_);
+  EXPECT_NE(text.find("local rank 1 (rank 1)"), std::string::npos);
+  EXPECT_NE(text.find("0000:5e:00.0"), std::string::npos);
+  EXPECT_NE(text.find("CUDA_VISIBLE_DEVICES=2"), std::string::npos);
+  EXPECT_NE(text.find("MASTER_PORT=29777"), std::string::npos);
+  EXPECT_NE(text.find("--lr 3e-4"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace mcprun
