@@ -74,7 +74,53 @@ std::string signal_name(int signal) {
   return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(signal);
 }
 
-PosixProcessControl::PosixProcessControl() { ::prctl(PR_SET_CHILD_SUBREAPER, 1); }
+/// The guardian's whole life: collect process groups until the pipe closes; if the launcher did
+/// not send the all-clear (pgid 0) first, it died abruptly, so kill every group it had.
+[[noreturn]] void guard_groups(int read_fd) {
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGPIPE}) ::signal(sig, SIG_IGN);
+  std::vector<pid_t> groups;
+  bool all_clear = false;
+  for (pid_t pgid; !all_clear;) {
+    ssize_t n = ::read(read_fd, &pgid, sizeof pgid);
+    if (n < 0 && errno == EINTR) continue;
+    if (n != static_cast<ssize_t>(sizeof pgid)) break;
+    if (pgid == 0) all_clear = true;
+    else groups.push_back(pgid);
+  }
+  if (!all_clear)
+    for (pid_t pgid : groups) ::kill(-pgid, SIGKILL);
+  _exit(0);
+}
+
+PosixProcessControl::PosixProcessControl() {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) == 0) {
+    // Double fork: the guardian must not be our child, or it would count as a live worker.
+    pid_t middle = ::fork();
+    if (middle == 0) {
+      ::close(fds[1]);
+      ::setsid();  // Out of the terminal's process group: a Ctrl-C is for the launcher.
+      if (::fork() == 0) guard_groups(fds[0]);
+      _exit(0);
+    }
+    ::close(fds[0]);
+    if (middle > 0) {
+      int status;
+      ::waitpid(middle, &status, 0);
+      guardian_fd_ = fds[1];
+    } else {
+      ::close(fds[1]);
+    }
+  }
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+}
+
+PosixProcessControl::~PosixProcessControl() {
+  if (guardian_fd_ < 0) return;
+  const pid_t all_clear = 0;
+  [[maybe_unused]] auto n = ::write(guardian_fd_, &all_clear, sizeof all_clear);
+  ::close(guardian_fd_);
+}
 
 std::optional<pid_t> PosixProcessControl::spawn(const SpawnRequest& request, std::string* error) {
   // Build argv/envp before forking: the child may not allocate.
@@ -120,6 +166,7 @@ std::optional<pid_t> PosixProcessControl::spawn(const SpawnRequest& request, std
     return std::nullopt;
   }
   spawned_.push_back(pid);
+  if (guardian_fd_ >= 0) [[maybe_unused]] auto n = ::write(guardian_fd_, &pid, sizeof pid);
   return pid;
 }
 

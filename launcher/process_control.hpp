@@ -48,8 +48,13 @@ class ProcessControl {
 /// inherited fds beyond 0-2, PR_SET_PDEATHSIG so a SIGKILLed launcher takes its workers along.
 class PosixProcessControl final : public ProcessControl {
  public:
-  /// Makes the launcher a child subreaper, so that orphaned grandchildren come back to it.
+  /// Starts the group guardian, then makes the launcher a child subreaper, so that orphaned
+  /// grandchildren come back to it.
   PosixProcessControl();
+  /// Tells the guardian the launcher ended cleanly, so it kills nothing.
+  ~PosixProcessControl() override;
+  PosixProcessControl(const PosixProcessControl&) = delete;
+  PosixProcessControl& operator=(const PosixProcessControl&) = delete;
   std::optional<pid_t> spawn(const SpawnRequest& request, std::string* error) override;
   void signal_group(pid_t pgid, int signal) override;
   void signal_orphans(int signal) override;
@@ -58,6 +63,10 @@ class PosixProcessControl final : public ProcessControl {
 
  private:
   std::vector<pid_t> spawned_;  ///< Group leaders we started; others we reap are orphans.
+  /// Write end of the pipe to the guardian: a process outside our tree that learns each worker's
+  /// process group and SIGKILLs them all if the launcher dies without saying goodbye. PDEATHSIG
+  /// alone reaches only the workers themselves, not what they started.
+  int guardian_fd_ = -1;
 };
 
 /// "SIGKILL" for 9, "signal 77" for an unnamed number.

@@ -67,6 +67,27 @@ with open(os.path.join(sys.argv[1], "env.%s.json" % os.environ["RANK"]), "w") as
             self.assertEqual(mine, reference)
 
 
+    def test_report_shows_the_recorded_python_traceback(self):
+        failing = self.script("failing.py", r'''
+import os
+from torch.distributed.elastic.multiprocessing.errors import record
+
+@record
+def main():
+    if os.environ["RANK"] == "1":
+        raise ValueError("bad shard 17")
+    import time; time.sleep(60)
+
+main()
+''')
+        code, _, err = self.run_mcprun("-n", "2", failing)
+        self.assertEqual(code, 1, err)
+        self.assertIn("rank:       1 (local rank 1)", err)
+        self.assertIn("bad shard 17", err)
+        self.assertIn("traceback:", err)
+        self.assertIn('raise ValueError("bad shard 17")', err)
+
+
 class Supervision(LauncherTestCase):
     def shell(self, *args, nproc=4, extra_env=None, **kwargs):
         env = dict(self.env, **(extra_env or {}))
@@ -88,8 +109,11 @@ class Supervision(LauncherTestCase):
         self.assertIn("Stopped by mcprun: rank(s) 0,1,3", err)
 
     def test_sigkill_of_the_launcher_takes_every_worker_along(self):
-        proc = self.shell()
-        self.assertTrue(wait_for(lambda: len(self.pids()) == 4, 20), "workers did not start")
+        # Each worker also starts a child of its own: PDEATHSIG alone would not reach it.
+        proc = self.shell(extra_env={f"BEHAVIOUR_{r}": 'sleep 60 & echo $! > "$MCPRUN_TEST_DIR/pid.child.$LOCAL_RANK"; wait'
+                                     for r in range(4)})
+        self.assertTrue(wait_for(lambda: len(self.files("pid.child.")) == 4 and len(self.pids()) == 8, 20),
+                        "workers did not start")
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         self.assertTrue(wait_for(lambda: not any(alive(p) for p in self.pids()), 5),
