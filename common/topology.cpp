@@ -131,8 +131,10 @@ TopologyOrder topology_order(std::vector<GpuDevice> gpus, const std::optional<st
       };
       auto it = std::find_if(gpus.begin(), gpus.end(), matches);
       if (it == gpus.end()) {
-        order.error = "'" + item + "' matches none of the " + std::to_string(gpus.size()) +
-                      " GPU(s) found (indices 0-" + std::to_string(gpus.size()) + " exclusive, or UUIDs)";
+        order.error = "'" + item + "' matches no GPU: " +
+                      (gpus.empty() ? std::string("none were found")
+                                    : std::to_string(gpus.size()) + " found, indices 0-" +
+                                          std::to_string(gpus.size() - 1) + " or their UUIDs");
         return order;
       }
       if (std::none_of(chosen.begin(), chosen.end(),
