@@ -4,6 +4,7 @@
 
 #include <boost/asio/steady_timer.hpp>
 
+#include "common/exit_status.hpp"
 #include "common/logging.hpp"
 
 namespace mcprun {
@@ -61,7 +62,11 @@ void WorkerGroup::on_child_exits() {
       worker.outcome.exit_code = exit.exit_code;
       worker.outcome.signal = exit.signal;
       worker.outcome.exit_time = std::chrono::system_clock::now();
-      worker.outcome.stopped_by_launcher = stopping_ || interrupt_signal_ != 0;
+      // Once we began stopping, a signal death or a clean exit is our doing; an exit code of
+      // its own (the same crash landing a moment later) still counts as its own failure.
+      worker.outcome.stopped_by_launcher = (stopping_ || interrupt_signal_ != 0) &&
+                                           (exit.signal != 0 || exit.exit_code == 0 ||
+                                            exit.exit_code == exit_code_for_signal(SIGTERM));
       if (!exit.succeeded() && !worker.outcome.stopped_by_launcher && !first_failure_)
         first_failure_ = i;
     }
