@@ -1,0 +1,49 @@
+#include "common/protocol.hpp"
+
+namespace mcprun {
+
+std::string encode_frame(nlohmann::json message) {
+  message["v"] = kProtocolVersion;
+  std::string payload = message.dump();
+  const auto length = static_cast<uint32_t>(payload.size());
+  std::string frame(kFrameHeaderBytes, '\0');
+  for (size_t i = 0; i < kFrameHeaderBytes; ++i)
+    frame[i] = static_cast<char>((length >> (8 * (kFrameHeaderBytes - 1 - i))) & 0xff);
+  return frame + payload;
+}
+
+FrameResult decode_frame(std::string_view buffer) {
+  if (buffer.size() < kFrameHeaderBytes) return FrameIncomplete{kFrameHeaderBytes - buffer.size()};
+  uint32_t length = 0;
+  for (size_t i = 0; i < kFrameHeaderBytes; ++i)
+    length = (length << 8) | static_cast<unsigned char>(buffer[i]);
+  if (length > kMaxFrameBytes)
+    return FrameError{"frame of " + std::to_string(length) + " bytes exceeds the " +
+                      std::to_string(kMaxFrameBytes) + "-byte limit"};
+  if (buffer.size() < kFrameHeaderBytes + length)
+    return FrameIncomplete{kFrameHeaderBytes + length - buffer.size()};
+  nlohmann::json message = nlohmann::json::parse(buffer.substr(kFrameHeaderBytes, length), nullptr,
+                                                 /*allow_exceptions=*/false);
+  if (message.is_discarded()) return FrameError{"payload is not JSON"};
+  if (!message.is_object()) return FrameError{"payload is not a JSON object"};
+  auto version = message.find("v");
+  if (version == message.end() || !version->is_number_integer())
+    return FrameError{"message has no protocol version \"v\""};
+  if (*version != kProtocolVersion)
+    return FrameError{"protocol version " + version->dump() + " is not the supported " +
+                      std::to_string(kProtocolVersion)};
+  auto type = message.find("type");
+  if (type == message.end() || !type->is_string()) return FrameError{"message has no string \"type\""};
+  return Frame{std::move(message), kFrameHeaderBytes + length};
+}
+
+bool tokens_equal(std::string_view presented, std::string_view expected) {
+  // Fold every byte (and the length difference) in, so timing says nothing about the token.
+  unsigned char difference = presented.size() == expected.size() ? 0 : 1;
+  for (size_t i = 0; i < presented.size(); ++i)
+    difference |= static_cast<unsigned char>(presented[i]) ^
+                  static_cast<unsigned char>(expected.empty() ? 0 : expected[i % expected.size()]);
+  return difference == 0;
+}
+
+}  // namespace mcprun

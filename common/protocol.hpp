@@ -1,0 +1,53 @@
+// The agent <-> rendezvousd wire format: length-prefixed JSON frames with a hard size cap.
+//
+// A frame is a 4-byte big-endian payload length followed by that many bytes of UTF-8 JSON. Every
+// payload is an object {"v": kProtocolVersion, "type": "<message>", ...}. Messages:
+//   join       agent->daemon  job, node, addr, nproc, labels{}, gpus[], token, node_rank (-1: any),
+//                             min_nodes, max_nodes, join_timeout_s, last_call_timeout_s
+//   assignment daemon->agent  round, group_rank, group_world_size, world_size, rank_offset,
+//                             master_addr, master_port, nodes[{node, addr, group_rank}]
+//   heartbeat  agent->daemon  job, node
+//   failed     both ways      job, node, reason: a worker failed; every agent stops its group
+//   error      daemon->agent  message: the request was refused (bad token, timeout, ...)
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+
+namespace mcprun {
+
+inline constexpr int kProtocolVersion = 1;
+/// Largest payload accepted: far above any real message, small enough that a hostile peer cannot
+/// make the daemon buffer much.
+inline constexpr uint32_t kMaxFrameBytes = 64 * 1024;
+inline constexpr size_t kFrameHeaderBytes = 4;
+
+/// The bytes of one frame for `message` (adds "v").
+std::string encode_frame(nlohmann::json message);
+
+/// What a read buffer holds so far.
+struct FrameIncomplete {
+  size_t bytes_needed = 0;  ///< At least this many more bytes before a frame can be complete.
+};
+struct FrameError {
+  std::string message;  ///< One line for the log; the connection is closed.
+};
+struct Frame {
+  nlohmann::json message;
+  size_t consumed = 0;  ///< Bytes of the buffer this frame used.
+};
+using FrameResult = std::variant<Frame, FrameIncomplete, FrameError>;
+
+/// Parses the first frame of `buffer`: rejects oversized lengths before buffering them, and
+/// payloads that are not a JSON object with the right version and a string "type".
+FrameResult decode_frame(std::string_view buffer);
+
+/// Compares a presented token with the expected one in time independent of where they differ.
+bool tokens_equal(std::string_view presented, std::string_view expected);
+
+}  // namespace mcprun
