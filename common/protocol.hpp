@@ -4,9 +4,12 @@
 // payload is an object {"v": kProtocolVersion, "type": "<message>", ...}. Messages:
 //   join       agent->daemon  job, node, addr, nproc, labels{}, gpus[], token, node_rank (-1: any),
 //                             min_nodes, max_nodes, join_timeout_s, last_call_timeout_s
+//   joined     daemon->agent  heartbeat_interval_ms: the join was accepted; heartbeat this often
 //   assignment daemon->agent  round, group_rank, group_world_size, world_size, rank_offset,
 //                             master_addr, master_port, nodes[{node, addr, group_rank}]
-//   heartbeat  agent->daemon  job, node
+//   heartbeat  agent->daemon  (no fields): any message renews the agent's lease
+//   done       agent->daemon  (no fields): this node's workers all succeeded
+//   lost       daemon->agent  node: that node's agent vanished or went silent past its lease
 //   failed     both ways      job, node, reason: a worker failed; every agent stops its group
 //   error      daemon->agent  message: the request was refused (bad token, timeout, ...)
 #pragma once

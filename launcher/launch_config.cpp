@@ -105,8 +105,9 @@ ParseResult parse_launch_config(const std::vector<std::string>& args) {
 
   add("nproc-per-node", nproc_text, "Workers per node: N, cpu, gpu (GPU count; error if none) or "
       "auto (GPU count, else CPU count)", "-n");
-  add("nnodes", config.nnodes, "Number of nodes (this version runs one node)");
-  add("node-rank", config.node_rank, "Rank of this node (0 on one node)");
+  add("nnodes", config.nnodes, "Number of nodes: N, or MIN:MAX for an elastic job");
+  add("node-rank", config.node_rank,
+      "Rank of this node (static backend: default 0; rendezvous: assigned unless given)");
   add("master-addr", config.master_addr, "Address of the store that rank 0 hosts");
   add("master-port", config.master_port,
       "Port of that store (default: a free port, reserved so nothing else takes it)");
@@ -114,7 +115,17 @@ ParseResult parse_launch_config(const std::vector<std::string>& args) {
   add("rdzv-backend", config.rdzv_backend, "Rendezvous backend: static or c10d (one node: local)");
   add("rdzv-endpoint", config.rdzv_endpoint, "Rendezvous endpoint HOST:PORT");
   add("rdzv-id", config.rdzv_id, "Job id, exported as TORCHELASTIC_RUN_ID");
-  add("rdzv-conf", config.rdzv_conf, "Rendezvous options key=value,...");
+  add("rdzv-conf", config.rdzv_conf,
+      "Rendezvous options key=value,...: join_timeout (default 120 s), last_call_timeout "
+      "(default 5 s)");
+  std::string labels_text;
+  app.add_option("--topology-labels", labels_text,
+                 "This node's place, e.g. rack=r1,switch=s3: nodes sharing labels get "
+                 "neighbouring ranks")
+      ->envname("MCPRUN_TOPOLOGY_LABELS");
+  app.add_option("--node-name", config.node_name,
+                 "This node's name in the rendezvous (default <hostname>:<pid>)")
+      ->envname("MCPRUN_NODE_NAME");
   add("max-restarts", config.max_restarts, "Restart the whole group up to N times on failure")
       ->check(CLI::NonNegativeNumber);
   add("monitor-interval", config.monitor_interval,
@@ -187,10 +198,54 @@ ParseResult parse_launch_config(const std::vector<std::string>& args) {
   if (!gpus_text.empty()) config.gpus = gpus_text;
   config.bind = bind_text == "numa" ? LaunchConfig::CpuBind::kNuma : LaunchConfig::CpuBind::kNone;
 
-  if (config.nnodes != "1" && config.nnodes != "1:1")
-    return UsageError{"--nnodes " + config.nnodes +
-                      ": this mcprun runs single-node jobs only; use --nnodes 1"};
-  if (config.node_rank != 0) return UsageError{"--node-rank must be 0 for a single-node job"};
+  {
+    auto colon = config.nnodes.find(':');
+    auto min_nodes = parse_int(std::string_view(config.nnodes).substr(0, colon));
+    auto max_nodes = colon == std::string::npos
+                         ? min_nodes
+                         : parse_int(std::string_view(config.nnodes).substr(colon + 1));
+    if (!min_nodes || !max_nodes || *min_nodes < 1 || *max_nodes < *min_nodes)
+      return UsageError{"--nnodes " + config.nnodes + ": expected N or MIN:MAX with 1 <= MIN <= MAX"};
+    config.min_nodes = *min_nodes;
+    config.max_nodes = *max_nodes;
+  }
+  if (config.node_rank && (*config.node_rank < 0 || *config.node_rank >= config.max_nodes))
+    return UsageError{"--node-rank " + std::to_string(*config.node_rank) + ": expected 0-" +
+                      std::to_string(config.max_nodes - 1)};
+  if (config.rdzv_backend == "static" && config.min_nodes != config.max_nodes)
+    return UsageError{"--nnodes " + config.nnodes + ": an elastic MIN:MAX job needs "
+                      "--rdzv-backend c10d and --rdzv-endpoint"};
+  if (config.uses_rendezvous() && config.rdzv_endpoint.empty())
+    return UsageError{"--nnodes " + config.nnodes + " with --rdzv-backend " + config.rdzv_backend +
+                      " needs --rdzv-endpoint HOST:PORT"};
+  if (config.uses_rendezvous() && config.max_restarts > 0)
+    return UsageError{"--max-restarts with more than one node through the rendezvous is not "
+                      "supported by this version; use --max-restarts 0"};
+  if (!config.rdzv_conf.empty()) {
+    std::stringstream in(config.rdzv_conf);
+    for (std::string item; std::getline(in, item, ',');) {
+      auto eq = item.find('=');
+      std::string key = item.substr(0, eq), value = eq == std::string::npos ? "" : item.substr(eq + 1);
+      char* end = nullptr;
+      double seconds = std::strtod(value.c_str(), &end);
+      const bool number = !value.empty() && end && *end == '\0' && seconds > 0;
+      if (key == "join_timeout" && number) config.join_timeout = seconds;
+      else if (key == "last_call_timeout" && number) config.last_call_timeout = seconds;
+      else if (key == "close_timeout" || key == "is_host" || key == "timeout" || key == "read_timeout") continue;
+      else
+        return UsageError{"--rdzv-conf " + item + ": expected join_timeout=S, last_call_timeout=S, "
+                          "close_timeout=S or is_host=BOOL"};
+    }
+  }
+  if (!labels_text.empty()) {
+    std::stringstream in(labels_text);
+    for (std::string item; std::getline(in, item, ',');) {
+      auto eq = item.find('=');
+      if (eq == std::string::npos || eq == 0 || eq + 1 == item.size())
+        return UsageError{"--topology-labels " + labels_text + ": expected key=value,..."};
+      config.topology_labels[item.substr(0, eq)] = item.substr(eq + 1);
+    }
+  }
   if (config.master_port && (*config.master_port < 1 || *config.master_port > 65535))
     return UsageError{"--master-port " + std::to_string(*config.master_port) +
                       ": expected 1-65535"};
@@ -201,6 +256,9 @@ ParseResult parse_launch_config(const std::vector<std::string>& args) {
   if (config.start_method != "spawn")
     config.warnings.push_back("--start-method " + config.start_method +
                               " is ignored: every worker is a fresh exec'ed process (spawn)");
+  // Static multi-node: every node must agree on the port, so torchrun's fixed default applies.
+  if (config.max_nodes > 1 && config.rdzv_backend == "static" && !config.master_port)
+    config.master_port = 29500;
   if (config.standalone) config.master_addr = "127.0.0.1";
   else if (!config.local_addr.empty() && app.count("--master-addr") == 0 &&
            std::getenv("PET_MASTER_ADDR") == nullptr)

@@ -28,7 +28,8 @@ struct NprocSpec {
 struct LaunchConfig {
   NprocSpec nproc;
   std::string nnodes = "1";
-  int node_rank = 0;
+  int min_nodes = 1, max_nodes = 1;     ///< From --nnodes N or MIN:MAX.
+  std::optional<int> node_rank;         ///< nullopt: 0 for static, assigned by the rendezvous otherwise.
   std::string master_addr = "127.0.0.1";
   std::optional<int> master_port;       ///< nullopt: reserve a free one (see PortReservation).
   bool standalone = false;
@@ -36,6 +37,10 @@ struct LaunchConfig {
   std::string rdzv_endpoint;
   std::string rdzv_id = "none";
   std::string rdzv_conf;
+  double join_timeout = 120;            ///< rdzv-conf join_timeout, seconds (torchrun: 600).
+  double last_call_timeout = 5;         ///< rdzv-conf last_call_timeout, seconds (torchrun: 30).
+  std::map<std::string, std::string> topology_labels;
+  std::string node_name;                ///< Unique per job; default <hostname>:<pid>.
   int max_restarts = 0;
   double monitor_interval = 0.1;       ///< Accepted for compatibility; exits are event-driven.
   std::string start_method = "spawn";
@@ -54,6 +59,9 @@ struct LaunchConfig {
   std::optional<std::string> gpus;      ///< --gpus subset, CUDA_VISIBLE_DEVICES syntax.
   enum class CpuBind { kNone, kNuma } bind = CpuBind::kNone;
   bool verbose = false;
+
+  /// More than one node through rendezvousd; static multi-node needs no rendezvous.
+  bool uses_rendezvous() const { return max_nodes > 1 && rdzv_backend != "static"; }
 
   std::string script;                   ///< Script, module or executable.
   std::vector<std::string> script_args; ///< Passed through untouched.

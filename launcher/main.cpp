@@ -13,6 +13,7 @@
 #include "launcher/failure_report.hpp"
 #include "launcher/port_reservation.hpp"
 #include "launcher/rank_plan.hpp"
+#include "launcher/rendezvous_client.hpp"
 #include "launcher/worker_group.hpp"
 
 namespace mcprun {
@@ -93,11 +94,46 @@ int launch(const LaunchConfig& config) {
 
   auto planned = build_rank_plan(config, std::move(gpus), inherited, master_port);
   if (auto* error = std::get_if<UsageError>(&planned)) return usage_error(error->message);
-  const RankPlan& plan = std::get<RankPlan>(planned);
+  RankPlan& plan = std::get<RankPlan>(planned);
   for (const auto& warning : plan.warnings) spdlog::warn("{}", warning);
   if (config.dry_run) {
     std::cout << format_rank_plan(plan, inherited);
     return kExitSuccess;
+  }
+
+  boost::asio::io_context io;
+  const std::string host = host_name();
+  std::unique_ptr<RendezvousClient> rendezvous;
+  if (config.uses_rendezvous()) {
+    rendezvous = std::make_unique<RendezvousClient>(io, config.rdzv_endpoint);
+    nlohmann::json join{{"job", config.rdzv_id},
+                        {"node", config.node_name.empty()
+                                     ? host + ":" + std::to_string(::getpid())
+                                     : config.node_name},
+                        {"nproc", plan.slots.size()},
+                        {"master_port", master_port},
+                        {"node_rank", config.node_rank.value_or(-1)},
+                        {"labels", config.topology_labels},
+                        {"min_nodes", config.min_nodes},
+                        {"max_nodes", config.max_nodes},
+                        {"join_timeout_s", config.join_timeout},
+                        {"last_call_timeout_s", config.last_call_timeout}};
+    spdlog::info("joining job '{}' at {} ({} node(s) expected, up to {} s)", config.rdzv_id,
+                 config.rdzv_endpoint, config.nnodes, config.join_timeout);
+    // The daemon times the round out itself; our limit only covers a daemon that went silent.
+    auto joined = rendezvous->join(
+        join, std::chrono::milliseconds(static_cast<long>(config.join_timeout * 1000)) +
+                  kRendezvousConnectTimeout);
+    if (auto* failure = std::get_if<std::string>(&joined)) {
+      spdlog::error("{}", *failure);
+      return kExitRendezvous;
+    }
+    const Assignment& assignment = std::get<Assignment>(joined);
+    place_in_job(plan, assignment);
+    spdlog::info("node rank {} of {}: ranks {}-{} of {}, MASTER_ADDR={} MASTER_PORT={}",
+                 assignment.group_rank, assignment.group_world_size, assignment.rank_offset,
+                 assignment.rank_offset + static_cast<int>(plan.slots.size()) - 1,
+                 assignment.world_size, assignment.master_addr, assignment.master_port);
   }
 
   std::string error;
@@ -106,15 +142,25 @@ int launch(const LaunchConfig& config) {
     spdlog::error("{}", error);
     return kExitFailure;
   }
-  boost::asio::io_context io;
   PosixProcessControl control;
   WorkerGroup group(io, control, plan, config, inherited);
-  const std::string host = host_name();
+  if (rendezvous) {
+    rendezvous->watch([&group](const PeerStop& stop) { group.request_stop(stop.reason, stop.exit_code); });
+    group.on_first_failure([&](const WorkerOutcome& worker) {
+      rendezvous->report_failure("rank " + std::to_string(worker.rank) + " on " + host + " failed with " +
+                                     describe_exit(worker.exit_code, worker.signal),
+                                 exit_code_for(worker));
+    });
+  }
   for (int restart_count = 0;; ++restart_count) {
     AttemptResult result = group.run_attempt(restart_count, run_dir.attempt(restart_count));
     switch (result.end) {
       case AttemptResult::End::kSucceeded:
+        if (rendezvous) rendezvous->report_done();
         return kExitSuccess;
+      case AttemptResult::End::kPeerStopped:
+        spdlog::error("stopped this node's workers: {}", result.peer_reason);
+        return result.peer_exit_code;
       case AttemptResult::End::kInterrupted:
         return exit_code_for_signal(result.interrupt_signal);
       case AttemptResult::End::kSpawnFailed:

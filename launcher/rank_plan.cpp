@@ -113,12 +113,16 @@ std::variant<RankPlan, UsageError> build_rank_plan(const LaunchConfig& config,
   }
   plan.argv.insert(plan.argv.end(), config.script_args.begin(), config.script_args.end());
 
+  // A static multi-node job knows its place from the flags; a rendezvous moves it later.
+  const int group_rank = config.uses_rendezvous() ? 0 : config.node_rank.value_or(0);
+  const int group_world_size = config.uses_rendezvous() ? 1 : config.max_nodes;
   plan.job = JobIdentity{config.master_addr, master_port, config.rdzv_id, config.role,
-                         config.max_restarts, nproc, nproc, config.node_rank, 1};
+                         config.max_restarts, nproc, nproc * group_world_size, group_rank,
+                         group_world_size};
   for (int local_rank = 0; local_rank < nproc; ++local_rank) {
     RankSlot slot;
     slot.identity.local_rank = local_rank;
-    slot.identity.rank = config.node_rank * nproc + local_rank;
+    slot.identity.rank = group_rank * nproc + local_rank;
     if (plan.pinned) {
       slot.identity.gpu = order.gpus[local_rank];
       if (config.bind == LaunchConfig::CpuBind::kNuma) slot.cpus = order.gpus[local_rank].local_cpus;
@@ -130,6 +134,16 @@ std::variant<RankPlan, UsageError> build_rank_plan(const LaunchConfig& config,
   auto env_warnings = environment_warnings(plan.job, inherited);
   plan.warnings.insert(plan.warnings.end(), env_warnings.begin(), env_warnings.end());
   return plan;
+}
+
+void place_in_job(RankPlan& plan, const JobPlacement& placement) {
+  plan.job.group_rank = placement.group_rank;
+  plan.job.group_world_size = placement.group_world_size;
+  plan.job.world_size = placement.world_size;
+  plan.job.master_addr = placement.master_addr;
+  plan.job.master_port = placement.master_port;
+  for (RankSlot& slot : plan.slots)
+    slot.identity.rank = placement.rank_offset + slot.identity.local_rank;
 }
 
 std::string format_rank_plan(const RankPlan& plan, const Environment& inherited) {

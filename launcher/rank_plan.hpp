@@ -27,6 +27,19 @@ struct RankPlan {
   std::vector<std::string> warnings;
 };
 
+/// Where this node sits in a multi-node job, as the rendezvous (or static flags) decided.
+struct JobPlacement {
+  int group_rank = 0;
+  int group_world_size = 1;
+  int world_size = 1;
+  int rank_offset = 0;  ///< Global rank of this node's local rank 0.
+  std::string master_addr;
+  int master_port = 0;
+};
+
+/// Moves a single-node plan into its place in the job: global ranks, sizes, the store address.
+void place_in_job(RankPlan& plan, const JobPlacement& placement);
+
 /// Resolves nproc, GPU pinning, CPU binding and the command line. Returns a one-line error for
 /// bad input (missing script, more pinned ranks than GPUs, no GPU for `-n gpu`, ...).
 std::variant<RankPlan, UsageError> build_rank_plan(const LaunchConfig& config,

@@ -67,8 +67,12 @@ void WorkerGroup::on_child_exits() {
       worker.outcome.stopped_by_launcher = (stopping_ || interrupt_signal_ != 0) &&
                                            (exit.signal != 0 || exit.exit_code == 0 ||
                                             exit.exit_code == exit_code_for_signal(SIGTERM));
-      if (!exit.succeeded() && !worker.outcome.stopped_by_launcher && !first_failure_)
+      // After another node's stop request, local deaths are its consequence, not a root cause.
+      if (!exit.succeeded() && !worker.outcome.stopped_by_launcher && !first_failure_ &&
+          !peer_stop_) {
         first_failure_ = i;
+        if (failure_listener_) failure_listener_(worker.outcome);
+      }
     }
   }
 }
@@ -112,9 +116,14 @@ void WorkerGroup::stop_all(int soft_signal, bool already_delivered) {
     spdlog::error("some processes could not be reaped within {} s", kKillReapTimeout.count());
 }
 
+void WorkerGroup::request_stop(std::string reason, int exit_code) {
+  if (!peer_stop_) peer_stop_.emplace(std::move(reason), exit_code);
+}
+
 AttemptResult WorkerGroup::run_attempt(int restart_count, const AttemptFiles& files) {
   workers_.clear();
   first_failure_.reset();
+  peer_stop_.reset();
   stopping_ = escalate_ = false;
   AttemptResult result;
   const bool prefix = plan_.slots.size() > 1;
@@ -164,7 +173,9 @@ AttemptResult WorkerGroup::run_attempt(int restart_count, const AttemptFiles& fi
   }
 
   if (result.end != AttemptResult::End::kSpawnFailed)
-    run_until([this] { return running_count() == 0 || first_failure_ || interrupt_signal_ != 0; },
+    run_until([this] {
+      return running_count() == 0 || first_failure_ || interrupt_signal_ != 0 || peer_stop_;
+    },
               std::chrono::hours(24 * 365));  // The job's own length: no limit of ours.
 
   // Whatever ended the attempt, nothing of it outlives it: not workers, not their grandchildren.
@@ -182,7 +193,11 @@ AttemptResult WorkerGroup::run_attempt(int restart_count, const AttemptFiles& fi
   }
 
   if (result.end == AttemptResult::End::kSpawnFailed) return result;
-  if (interrupt_signal_ != 0) {
+  if (peer_stop_ && !first_failure_ && interrupt_signal_ == 0) {
+    result.end = AttemptResult::End::kPeerStopped;
+    result.peer_reason = peer_stop_->first;
+    result.peer_exit_code = peer_stop_->second;
+  } else if (interrupt_signal_ != 0) {
     result.end = AttemptResult::End::kInterrupted;
     result.interrupt_signal = interrupt_signal_;
   } else if (first_failure_) {

@@ -27,11 +27,14 @@ inline constexpr std::chrono::seconds kOutputDrainTimeout{2};
 
 /// How an attempt ended.
 struct AttemptResult {
-  enum class End { kSucceeded, kWorkerFailed, kInterrupted, kSpawnFailed } end = End::kSucceeded;
+  enum class End { kSucceeded, kWorkerFailed, kInterrupted, kSpawnFailed, kPeerStopped } end =
+      End::kSucceeded;
   std::vector<WorkerOutcome> workers;
   size_t first_failure = 0;     ///< Index into workers, for kWorkerFailed.
   int interrupt_signal = 0;     ///< For kInterrupted.
   std::string spawn_error;      ///< For kSpawnFailed.
+  std::string peer_reason;      ///< For kPeerStopped: what another node reported.
+  int peer_exit_code = 0;       ///< For kPeerStopped.
 };
 
 /// Where an attempt's per-rank files go.
@@ -48,6 +51,13 @@ class WorkerGroup {
 
   /// Starts every worker of attempt `restart_count` and supervises them until all are gone.
   AttemptResult run_attempt(int restart_count, const AttemptFiles& files);
+  /// Another node failed or vanished: stop this node's group too (callable from the event loop).
+  void request_stop(std::string reason, int exit_code);
+  /// Called the moment the first worker fails, before the group is stopped, so that other
+  /// nodes hear of it without waiting for this node's grace period.
+  void on_first_failure(std::function<void(const WorkerOutcome&)> listener) {
+    failure_listener_ = std::move(listener);
+  }
 
  private:
   struct Worker {
@@ -78,6 +88,8 @@ class WorkerGroup {
   int interrupt_signal_ = 0;
   bool stopping_ = false;
   bool escalate_ = false;  ///< A second interrupt while stopping: SIGKILL now.
+  std::optional<std::pair<std::string, int>> peer_stop_;
+  std::function<void(const WorkerOutcome&)> failure_listener_;
 };
 
 }  // namespace mcprun

@@ -99,15 +99,17 @@ void RendezvousRound::complete() {
 }
 
 std::string RendezvousRound::timeout_message() const {
+  std::vector<std::string> names;
+  for (const NodeInfo& node : nodes_) names.push_back(node.node + " (" + node.addr + ")");
+  std::sort(names.begin(), names.end());
   std::string joined;
-  for (const NodeInfo& node : nodes_)
-    joined += (joined.empty() ? "" : ", ") + node.node + " (" + node.addr + ")";
+  for (const auto& name : names) joined += (joined.empty() ? "" : ", ") + name;
   const std::string expected = settings_.min_nodes == settings_.max_nodes
                                    ? std::to_string(settings_.max_nodes)
                                    : std::to_string(settings_.min_nodes) + ":" +
                                          std::to_string(settings_.max_nodes);
   const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(settings_.join_timeout);
-  return "rendezvous timed out after " + std::to_string(seconds.count()) + " s: " +
+  return "timed out after " + std::to_string(seconds.count()) + " s: " +
          std::to_string(nodes_.size()) + " of " + expected + " nodes joined" +
          (joined.empty() ? "" : ": " + joined);
 }

@@ -55,7 +55,9 @@ TEST(LaunchConfig, BadInputIsOneLine) {
   for (const auto& args : std::vector<std::vector<std::string>>{
            {"--bogus", "t.py"}, {"-n", "0", "t.py"}, {"-n", "-1", "t.py"}, {"-n", "x", "t.py"},
            {"-r", "0:9", "t.py"}, {"-r", "nonsense", "t.py"}, {"--local-ranks-filter", "a", "t.py"},
-           {"-n", "2"}, {"--nnodes", "2", "t.py"}, {"--start-method", "thread", "t.py"}}) {
+           {"-n", "2"}, {"--nnodes", "2:1", "t.py"}, {"--nnodes", "2", "--rdzv-backend", "c10d", "t.py"},
+           {"--nnodes", "1:2", "t.py"}, {"--rdzv-conf", "bogus=1", "t.py"},
+           {"--topology-labels", "rack", "t.py"}, {"--start-method", "thread", "t.py"}}) {
     std::string message = parse_error(args);
     EXPECT_FALSE(message.empty()) << args[0];
     EXPECT_EQ(message.find('\n'), std::string::npos) << message;

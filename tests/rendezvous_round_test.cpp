@@ -81,7 +81,7 @@ TEST(Round, JoinTimeoutNamesWhoJoined) {
   EXPECT_EQ(round.advance(t0 + seconds(29)), RendezvousRound::State::kJoining);
   EXPECT_EQ(round.advance(t0 + seconds(30)), RendezvousRound::State::kTimedOut);
   EXPECT_EQ(round.timeout_message(),
-            "rendezvous timed out after 30 s: 2 of 3 nodes joined: alpha (10.0.0.1), beta (10.0.0.2)");
+            "timed out after 30 s: 2 of 3 nodes joined: alpha (10.0.0.1), beta (10.0.0.2)");
 }
 
 TEST(Round, LostNodeBeforeCompletionFreesItsPlace) {

@@ -1,0 +1,189 @@
+#include "launcher/rendezvous_client.hpp"
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/write.hpp>
+#include <optional>
+
+#include "common/exit_status.hpp"
+#include "common/logging.hpp"
+#include "common/protocol.hpp"
+
+namespace mcprun {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+
+namespace {
+
+/// Runs the loop until `done()` or the time limit; returns done().
+bool run_until(asio::io_context& io, const std::function<bool()>& done,
+               std::chrono::steady_clock::duration limit) {
+  auto expired = std::make_shared<bool>(false);
+  asio::steady_timer timer(io, limit);
+  timer.async_wait([expired](boost::system::error_code ec) { *expired = !ec; });
+  while (!done() && !*expired) io.run_one();
+  return done();
+}
+
+}  // namespace
+
+RendezvousClient::RendezvousClient(asio::io_context& io, std::string endpoint)
+    : io_(io), endpoint_(std::move(endpoint)), socket_(io), heartbeat_timer_(io) {}
+
+std::string RendezvousClient::local_address() const {
+  boost::system::error_code ec;
+  auto local = socket_.local_endpoint(ec);
+  return ec ? "" : local.address().to_string();
+}
+
+std::variant<Assignment, std::string> RendezvousClient::join(nlohmann::json join,
+                                                            std::chrono::milliseconds limit) {
+  auto colon = endpoint_.rfind(':');
+  if (colon == std::string::npos || colon == 0)
+    return "--rdzv-endpoint " + endpoint_ + ": expected HOST:PORT";
+  const std::string host = endpoint_.substr(0, colon), port = endpoint_.substr(colon + 1);
+  boost::system::error_code ec;
+  tcp::resolver resolver(io_);
+  auto addresses = resolver.resolve(host, port, ec);
+  if (ec) return "cannot resolve rendezvous endpoint " + endpoint_ + ": " + ec.message();
+
+  std::optional<boost::system::error_code> connected;
+  asio::async_connect(socket_, addresses,
+                      [&](boost::system::error_code result, const tcp::endpoint&) { connected = result; });
+  if (!run_until(io_, [&] { return connected.has_value(); }, kRendezvousConnectTimeout)) {
+    socket_.close(ec);
+    run_until(io_, [&] { return connected.has_value(); }, std::chrono::seconds(1));
+    return "rendezvous endpoint " + endpoint_ + " did not answer within " +
+           std::to_string(kRendezvousConnectTimeout.count()) + " s";
+  }
+  if (*connected)
+    return "cannot reach rendezvous at " + endpoint_ + ": " + connected->message() +
+           " (is rendezvousd running there?)";
+
+  if (!join.contains("addr") || join["addr"].get<std::string>().empty()) join["addr"] = local_address();
+  join["type"] = "join";
+  std::optional<nlohmann::json> reply;
+  on_message_ = [&](const nlohmann::json& message) {
+    if (message["type"] == "joined") {
+      heartbeat_interval_ = std::chrono::milliseconds(
+          message.value("heartbeat_interval_ms", kDefaultHeartbeatInterval.count()));
+      heartbeat();
+    } else if (!reply) {
+      reply = message;
+    }
+  };
+  send(join);
+  read();
+  if (!run_until(io_, [&] { return reply.has_value() || closed_; }, limit))
+    return "no rendezvous assignment within " + std::to_string(limit.count() / 1000) + " s";
+  if (!reply) return "the rendezvous at " + endpoint_ + " closed the connection";
+  const nlohmann::json message = *reply;
+  on_message_ = nullptr;
+  if (message["type"] == "lost") return "the rendezvous at " + endpoint_ + " closed the connection";
+  if (message["type"] == "error") return "rendezvous: " + message.value("message", std::string("refused"));
+  if (message["type"] != "assignment") return "rendezvous: unexpected reply " + message.dump();
+  try {
+    return Assignment{message.at("group_rank"), message.at("group_world_size"),
+                      message.at("world_size"), message.at("rank_offset"),
+                      message.at("master_addr"), message.at("master_port")};
+  } catch (const nlohmann::json::exception& error) {
+    return std::string("rendezvous: malformed assignment: ") + error.what();
+  }
+}
+
+void RendezvousClient::watch(std::function<void(const PeerStop&)> on_stop) {
+  auto stopped = std::make_shared<bool>(false);
+  auto stop_once = [on_stop, stopped](const PeerStop& stop) {
+    if (!*stopped) {
+      *stopped = true;
+      on_stop(stop);
+    }
+  };
+  on_message_ = [this, stop_once](const nlohmann::json& message) {
+    const std::string type = message["type"];
+    if (type == "failed")
+      stop_once({"node " + message.value("node", std::string("?")) + ": " +
+                     message.value("reason", std::string("a worker failed")),
+                 message.value("exit_code", static_cast<int>(kExitFailure))});
+    else if (type == "lost")
+      stop_once({message.value("node", std::string("?")) + " was lost (it stopped answering)",
+                 kExitRendezvous});
+  };
+}
+
+void RendezvousClient::report_failure(const std::string& reason, int exit_code) {
+  send({{"type", "failed"}, {"reason", reason}, {"exit_code", exit_code}});
+  flush(std::chrono::seconds(2));
+}
+
+void RendezvousClient::report_done() {
+  send({{"type", "done"}});
+  flush(std::chrono::seconds(2));
+}
+
+void RendezvousClient::send(const nlohmann::json& message) {
+  if (closed_) return;
+  const bool idle = writes_.empty();
+  writes_.push_back(encode_frame(message));
+  if (idle) write_next();
+}
+
+void RendezvousClient::write_next() {
+  asio::async_write(socket_, asio::buffer(writes_.front()),
+                    [this](boost::system::error_code ec, size_t) {
+                      if (ec) {
+                        closed_ = true;
+                        writes_.clear();
+                        return;
+                      }
+                      writes_.pop_front();
+                      if (!writes_.empty()) write_next();
+                    });
+}
+
+void RendezvousClient::flush(std::chrono::milliseconds limit) {
+  run_until(io_, [this] { return writes_.empty() || closed_; }, limit);
+}
+
+void RendezvousClient::read() {
+  socket_.async_read_some(asio::buffer(chunk_), [this](boost::system::error_code ec, size_t n) {
+    if (ec) {
+      closed_ = true;
+      if (on_message_ && ec != asio::error::operation_aborted)
+        on_message_({{"type", "lost"}, {"node", "the rendezvous at " + endpoint_}});
+      return;
+    }
+    buffer_.append(chunk_.data(), n);
+    for (;;) {
+      FrameResult result = decode_frame(buffer_);
+      if (auto* frame = std::get_if<Frame>(&result)) {
+        buffer_.erase(0, frame->consumed);
+        if (on_message_) on_message_(frame->message);
+        continue;
+      }
+      if (auto* error = std::get_if<FrameError>(&result)) {
+        spdlog::error("rendezvous sent a bad frame: {}", error->message);
+        closed_ = true;
+        return;
+      }
+      break;
+    }
+    read();
+  });
+}
+
+void RendezvousClient::heartbeat() {
+  if (heartbeating_) return;
+  heartbeating_ = true;
+  beat();
+}
+
+void RendezvousClient::beat() {
+  send({{"type", "heartbeat"}});
+  heartbeat_timer_.expires_after(heartbeat_interval_);
+  heartbeat_timer_.async_wait([this](boost::system::error_code ec) {
+    if (!ec && !closed_) beat();
+  });
+}
+
+}  // namespace mcprun

@@ -1,0 +1,72 @@
+// The agent's side of the rendezvous: join, wait for the assignment, then heartbeat and hear
+// about the other nodes (a failed worker, a lost node) while the workers run.
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <deque>
+#include <functional>
+#include <string>
+#include <variant>
+
+#include "launcher/rank_plan.hpp"
+
+namespace mcprun {
+
+/// How long connecting to the rendezvous may take before the launch fails.
+inline constexpr std::chrono::seconds kRendezvousConnectTimeout{10};
+/// Heartbeat period until the daemon names its own (a third of its lease) in "joined".
+inline constexpr std::chrono::milliseconds kDefaultHeartbeatInterval{3000};
+
+/// This node's share of a completed round.
+using Assignment = JobPlacement;
+
+/// What another node told us: stop the group.
+struct PeerStop {
+  std::string reason;  ///< "node b: rank 3 exited with exit code 7", "node c lost", ...
+  int exit_code = 0;   ///< The exit code this node should end with.
+};
+
+/// One connection to rendezvousd (or the embedded server).
+class RendezvousClient {
+ public:
+  RendezvousClient(boost::asio::io_context& io, std::string endpoint);
+
+  /// Connects and sends `join`, then waits for the assignment up to `limit`. On failure: one line.
+  std::variant<Assignment, std::string> join(nlohmann::json join, std::chrono::milliseconds limit);
+  /// Listens for peers (heartbeats already run since the join was accepted); `on_stop` runs once if another node asks us to stop.
+  void watch(std::function<void(const PeerStop&)> on_stop);
+  /// Tells every other node to stop; `exit_code` is what they should exit with.
+  void report_failure(const std::string& reason, int exit_code);
+  /// Tells the rendezvous this node finished cleanly.
+  void report_done();
+  /// The local address of the connection: the one this node reaches the rendezvous from.
+  std::string local_address() const;
+
+ private:
+  void send(const nlohmann::json& message);
+  void write_next();
+  void read();
+  /// Starts the heartbeat loop once.
+  void heartbeat();
+  void beat();
+  void flush(std::chrono::milliseconds limit);
+
+  boost::asio::io_context& io_;
+  std::string endpoint_;
+  boost::asio::ip::tcp::socket socket_;
+  boost::asio::steady_timer heartbeat_timer_;
+  std::string buffer_;
+  std::array<char, 4096> chunk_;
+  std::deque<std::string> writes_;
+  std::function<void(const nlohmann::json&)> on_message_;
+  bool closed_ = false;
+  bool heartbeating_ = false;
+  std::chrono::milliseconds heartbeat_interval_ = kDefaultHeartbeatInterval;
+};
+
+}  // namespace mcprun

@@ -1,0 +1,312 @@
+#include "rendezvousd/rendezvous_server.hpp"
+
+#include <boost/asio/write.hpp>
+#include <deque>
+
+#include "common/logging.hpp"
+#include "common/protocol.hpp"
+
+namespace mcprun {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+
+/// One agent connection: framed reads under a deadline, queued writes.
+class AgentSession : public std::enable_shared_from_this<AgentSession> {
+ public:
+  AgentSession(tcp::socket socket, RendezvousServer& server)
+      : socket_(std::move(socket)), deadline_(socket_.get_executor()), server_(server) {
+    boost::system::error_code ec;
+    auto remote = socket_.remote_endpoint(ec);
+    peer_ = ec ? "?" : remote.address().to_string() + ":" + std::to_string(remote.port());
+    peer_address_ = ec ? "" : remote.address().to_string();
+  }
+
+  void start() {
+    arm_deadline(server_.settings().first_message_timeout);
+    read();
+  }
+
+  void send(const nlohmann::json& message) {
+    if (closed_) return;
+    const bool idle = writes_.empty();
+    writes_.push_back(encode_frame(message));
+    if (idle) write_next();
+  }
+
+  /// Sends a last error message, then closes once it is written.
+  void refuse(const std::string& reason) {
+    spdlog::warn("{}: {}", peer_, reason);
+    send({{"type", "error"}, {"message", reason}});
+    close_after_write_ = true;
+  }
+
+  void close() {
+    if (closed_) return;
+    closed_ = true;
+    boost::system::error_code ignored;
+    deadline_.cancel();
+    socket_.shutdown(tcp::socket::shutdown_both, ignored);
+    socket_.close(ignored);
+    server_.on_closed(shared_from_this());
+  }
+
+  const std::string& peer_address() const { return peer_address_; }
+  std::string job_id, node;
+  bool done = false;  ///< The node reported that its workers all succeeded.
+
+ private:
+  void arm_deadline(std::chrono::milliseconds limit) {
+    deadline_.expires_after(limit);
+    deadline_.async_wait([self = shared_from_this()](boost::system::error_code ec) {
+      if (ec) return;  // Re-armed or cancelled.
+      spdlog::warn("{}: silent for too long; closing", self->peer_);
+      self->close();
+    });
+  }
+
+  void read() {
+    socket_.async_read_some(asio::buffer(chunk_), [self = shared_from_this()](
+                                                      boost::system::error_code ec, size_t n) {
+      if (ec) return self->close();
+      self->buffer_.append(self->chunk_.data(), n);
+      self->drain_frames();
+      if (!self->closed_) self->read();
+    });
+  }
+
+  void drain_frames() {
+    while (!closed_) {
+      FrameResult result = decode_frame(buffer_);
+      if (std::holds_alternative<FrameIncomplete>(result)) return;
+      if (auto* error = std::get_if<FrameError>(&result)) {
+        spdlog::warn("{}: bad frame: {}; closing", peer_, error->message);
+        return close();
+      }
+      Frame& frame = std::get<Frame>(result);
+      buffer_.erase(0, frame.consumed);
+      arm_deadline(server_.settings().lease);
+      server_.on_message(shared_from_this(), frame.message);
+    }
+  }
+
+  void write_next() {
+    asio::async_write(socket_, asio::buffer(writes_.front()),
+                      [self = shared_from_this()](boost::system::error_code ec, size_t) {
+                        if (ec) return self->close();
+                        self->writes_.pop_front();
+                        if (!self->writes_.empty()) self->write_next();
+                        else if (self->close_after_write_) self->close();
+                      });
+  }
+
+  tcp::socket socket_;
+  asio::steady_timer deadline_;
+  RendezvousServer& server_;
+  std::string peer_, peer_address_;
+  std::array<char, 8192> chunk_;
+  std::string buffer_;
+  std::deque<std::string> writes_;
+  bool closed_ = false;
+  bool close_after_write_ = false;
+};
+
+RendezvousServer::RendezvousServer(asio::io_context& io, const tcp::endpoint& listen,
+                                   ServerSettings settings)
+    : io_(io), acceptor_(io, listen, /*reuse_address=*/true), settings_(std::move(settings)) {
+  accept();
+}
+
+void RendezvousServer::stop() {
+  boost::system::error_code ignored;
+  acceptor_.close(ignored);
+  auto sessions = sessions_;
+  for (const auto& session : sessions) session->close();
+  for (auto& [id, job] : jobs_)
+    if (job.deadline) job.deadline->cancel();
+}
+
+void RendezvousServer::accept() {
+  acceptor_.async_accept([this](boost::system::error_code ec, tcp::socket socket) {
+    if (ec == asio::error::operation_aborted) return;
+    if (!ec) {
+      if (sessions_.size() >= settings_.max_connections) {
+        spdlog::warn("connection limit {} reached; refusing a connection", settings_.max_connections);
+      } else {
+        auto session = std::make_shared<AgentSession>(std::move(socket), *this);
+        sessions_.insert(session);
+        session->start();
+      }
+    }
+    accept();
+  });
+}
+
+void RendezvousServer::on_message(const std::shared_ptr<AgentSession>& session,
+                                  const nlohmann::json& message) {
+  const std::string type = message["type"];
+  if (type == "join") return handle_join(session, message);
+  if (session->job_id.empty()) return session->refuse("'" + type + "' before 'join'");
+  auto it = jobs_.find(session->job_id);
+  if (it == jobs_.end()) return;
+  Job& job = it->second;
+  if (type == "heartbeat") return;
+  if (type == "failed") {
+    spdlog::info("job {}: node {} reports a failure; stopping every node", session->job_id,
+                 session->node);
+    nlohmann::json notice = message;
+    notice["node"] = session->node;
+    broadcast(job, notice, session->node);
+    return finish(session->job_id);
+  }
+  if (type == "done") {
+    session->done = true;
+    bool all_done = true;
+    for (auto& [name, member] : job.members)
+      if (auto peer = member.lock(); !peer || !peer->done) all_done = false;
+    if (all_done) finish(session->job_id);
+    return;
+  }
+  session->refuse("unknown message type '" + type + "'");
+}
+
+void RendezvousServer::handle_join(const std::shared_ptr<AgentSession>& session,
+                                   const nlohmann::json& message) {
+  if (!session->job_id.empty()) return session->refuse("second 'join' on one connection");
+  if (!settings_.token.empty() &&
+      !tokens_equal(message.value("token", std::string()), settings_.token))
+    return session->refuse("authentication failed: wrong or missing token");
+  std::string job_id;
+  NodeInfo node;
+  RoundSettings round;
+  round.label_precedence = settings_.label_precedence;
+  try {
+    job_id = message.at("job").get<std::string>();
+    node.node = message.at("node").get<std::string>();
+    node.nproc = message.at("nproc").get<int>();
+    node.master_port = message.value("master_port", 0);
+    node.requested_rank = message.value("node_rank", -1);
+    node.addr = message.value("addr", std::string());
+    if (node.addr.empty()) node.addr = session->peer_address();
+    node.labels = message.value("labels", std::map<std::string, std::string>{});
+    round.min_nodes = message.at("min_nodes").get<int>();
+    round.max_nodes = message.at("max_nodes").get<int>();
+    round.join_timeout = std::chrono::milliseconds(
+        static_cast<long>(1000 * message.value("join_timeout_s", 120.0)));
+    round.last_call_timeout = std::chrono::milliseconds(
+        static_cast<long>(1000 * message.value("last_call_timeout_s", 5.0)));
+  } catch (const nlohmann::json::exception& error) {
+    return session->refuse(std::string("malformed join: ") + error.what());
+  }
+  if (job_id.empty() || node.node.empty() || node.nproc < 1 || round.min_nodes < 1 ||
+      round.max_nodes < round.min_nodes)
+    return session->refuse("malformed join: job, node, nproc >= 1 and 1 <= min <= max required");
+
+  auto it = jobs_.find(job_id);
+  if (it != jobs_.end() && it->second.finished) {
+    jobs_.erase(it);  // A finished job's id may be reused by a new launch.
+    it = jobs_.end();
+  }
+  if (it == jobs_.end()) {
+    it = jobs_.emplace(job_id, Job{}).first;
+    it->second.round = std::make_unique<RendezvousRound>(round, Clock::now());
+    it->second.deadline = std::make_unique<asio::steady_timer>(io_);
+  }
+  Job& job = it->second;
+  if (job.running)
+    return session->refuse("job " + job_id + " is already running; it admits no new node");
+  if (auto error = job.round->join(node, Clock::now()))
+    return session->refuse("job " + job_id + ": " + *error);
+  session->job_id = job_id;
+  session->node = node.node;
+  job.members[node.node] = session;
+  // The agent heartbeats at a third of the lease from now on, through the join wait too.
+  session->send({{"type", "joined"},
+                 {"heartbeat_interval_ms", std::max<long>(50, settings_.lease.count() / 3)}});
+  spdlog::info("job {}: {} ({}) joined, {} node(s) so far", job_id, node.node, node.addr,
+               job.round->joined());
+  advance(job_id);
+}
+
+void RendezvousServer::advance(const std::string& job_id) {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return;
+  Job& job = it->second;
+  if (job.running || job.finished) return;
+  switch (job.round->advance(Clock::now())) {
+    case RendezvousRound::State::kComplete: {
+      job.running = true;
+      job.deadline->cancel();
+      const RoundResult& result = job.round->result();
+      nlohmann::json nodes = nlohmann::json::array();
+      for (const auto& node : result.nodes)
+        nodes.push_back({{"node", node.node}, {"addr", node.addr}, {"group_rank", node.group_rank}});
+      for (const auto& node : result.nodes) {
+        auto member = job.members[node.node].lock();
+        if (!member) continue;
+        member->send({{"type", "assignment"}, {"group_rank", node.group_rank},
+                      {"group_world_size", result.nodes.size()}, {"world_size", result.world_size},
+                      {"rank_offset", node.rank_offset}, {"master_addr", result.master_addr},
+                      {"master_port", result.master_port}, {"nodes", nodes}});
+      }
+      spdlog::info("job {}: round complete, {} nodes, world size {}, master {}:{}", job_id,
+                   result.nodes.size(), result.world_size, result.master_addr, result.master_port);
+      return;
+    }
+    case RendezvousRound::State::kTimedOut: {
+      const std::string message = job.round->timeout_message();
+      spdlog::warn("job {}: {}", job_id, message);
+      broadcast(job, {{"type", "error"}, {"message", message}});
+      return finish(job_id);
+    }
+    case RendezvousRound::State::kJoining:
+      job.deadline->expires_at(job.round->next_deadline());
+      job.deadline->async_wait([this, job_id](boost::system::error_code ec) {
+        if (!ec) advance(job_id);
+      });
+      return;
+  }
+}
+
+void RendezvousServer::broadcast(Job& job, const nlohmann::json& message,
+                                 const std::string& except_node) {
+  for (auto& [name, member] : job.members)
+    if (name != except_node)
+      if (auto session = member.lock()) session->send(message);
+}
+
+void RendezvousServer::finish(const std::string& job_id) {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return;
+  it->second.finished = true;
+  it->second.finished_at = Clock::now();
+  it->second.deadline->cancel();
+  forget_old_jobs();
+}
+
+void RendezvousServer::forget_old_jobs() {
+  const auto now = Clock::now();
+  std::erase_if(jobs_, [&](const auto& entry) {
+    return entry.second.finished && now - entry.second.finished_at > settings_.finished_job_ttl;
+  });
+}
+
+void RendezvousServer::on_closed(const std::shared_ptr<AgentSession>& session) {
+  sessions_.erase(session);
+  if (session->job_id.empty()) return;
+  auto it = jobs_.find(session->job_id);
+  if (it == jobs_.end()) return;
+  Job& job = it->second;
+  if (job.finished || session->done) return;
+  if (!job.running) {
+    job.round->leave(session->node);
+    job.members.erase(session->node);
+    spdlog::info("job {}: {} left before the round completed", session->job_id, session->node);
+    return;
+  }
+  spdlog::warn("job {}: node {} lost; stopping every other node", session->job_id, session->node);
+  broadcast(job, {{"type", "lost"}, {"node", session->node}}, session->node);
+  finish(session->job_id);
+}
+
+}  // namespace mcprun

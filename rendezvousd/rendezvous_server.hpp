@@ -1,0 +1,69 @@
+// The rendezvous service: many jobs at once over one Asio event loop. rendezvousd runs it as a
+// daemon; mcprun can embed the same class.
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+
+#include "rendezvousd/rendezvous_round.hpp"
+
+namespace mcprun {
+
+/// Limits that keep one bad peer from costing more than its own connection.
+struct ServerSettings {
+  std::string token;                                  ///< Empty: no authentication.
+  std::chrono::milliseconds first_message_timeout{std::chrono::seconds(10)};
+  std::chrono::milliseconds lease{std::chrono::seconds(15)};  ///< Silence longer than this: lost.
+  size_t max_connections = 8192;
+  std::chrono::seconds finished_job_ttl{600};
+  std::vector<std::string> label_precedence{"rack", "switch"};
+};
+
+class AgentSession;
+
+/// Serves joins, heartbeats and failure notices; completes rounds and publishes assignments.
+class RendezvousServer {
+ public:
+  RendezvousServer(boost::asio::io_context& io, const boost::asio::ip::tcp::endpoint& listen,
+                   ServerSettings settings);
+  boost::asio::ip::tcp::endpoint local_endpoint() const { return acceptor_.local_endpoint(); }
+  /// Stops accepting and closes every session.
+  void stop();
+
+  // Called by sessions.
+  void on_message(const std::shared_ptr<AgentSession>& session, const nlohmann::json& message);
+  void on_closed(const std::shared_ptr<AgentSession>& session);
+  const ServerSettings& settings() const { return settings_; }
+
+ private:
+  struct Job {
+    std::unique_ptr<RendezvousRound> round;
+    std::map<std::string, std::weak_ptr<AgentSession>> members;  ///< node name -> session.
+    std::unique_ptr<boost::asio::steady_timer> deadline;
+    bool running = false;
+    bool finished = false;
+    Clock::time_point finished_at;
+  };
+  void accept();
+  void handle_join(const std::shared_ptr<AgentSession>& session, const nlohmann::json& message);
+  void advance(const std::string& job_id);
+  void broadcast(Job& job, const nlohmann::json& message, const std::string& except_node = "");
+  void finish(const std::string& job_id);
+  void forget_old_jobs();
+
+  boost::asio::io_context& io_;
+  boost::asio::ip::tcp::acceptor acceptor_;
+  ServerSettings settings_;
+  std::map<std::string, Job> jobs_;
+  std::set<std::shared_ptr<AgentSession>> sessions_;
+};
+
+}  // namespace mcprun

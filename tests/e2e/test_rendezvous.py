@@ -1,0 +1,174 @@
+"""End-to-end tests of rendezvousd with real mcprun agents on loopback."""
+import json
+import os
+import re
+import signal
+import socket
+import struct
+import subprocess
+import time
+
+from harness import MCPRUN, PYTHON, REPO, LauncherTestCase, alive, wait_for
+
+RENDEZVOUSD = os.environ.get("RENDEZVOUSD", os.path.join(os.path.dirname(MCPRUN), "../rendezvousd/rendezvousd"))
+
+# Records pid and rank assignment, then behaves as $BEHAVIOUR_<RANK> says (default: exit 0).
+WORKER = r'''
+echo $$ > "$MCPRUN_TEST_DIR/pid.$RANK"
+echo "$RANK $LOCAL_RANK $GROUP_RANK $WORLD_SIZE $MASTER_ADDR $MASTER_PORT" > "$MCPRUN_TEST_DIR/rank.$RANK"
+eval "behaviour=\${BEHAVIOUR_$RANK:-exit 0}"
+eval "$behaviour"
+'''
+
+
+class RendezvousTestCase(LauncherTestCase):
+    def setUp(self):
+        super().setUp()
+        self.daemon_log = os.path.join(self.tmp, "rendezvousd.log")
+        log = open(self.daemon_log, "w")
+        self.daemon = subprocess.Popen([RENDEZVOUSD, "--listen", "127.0.0.1:0", "--lease", "2"],
+                                       stderr=log, stdout=log, start_new_session=True)
+        log.close()
+        port = wait_for(lambda: re.search(r"listening on 127\.0\.0\.1:(\d+)", self.read_log()), 10)
+        self.assertTrue(port, "rendezvousd did not start: " + self.read_log())
+        self.endpoint = "127.0.0.1:" + port.group(1)
+
+    def tearDown(self):
+        self.daemon.send_signal(signal.SIGTERM)
+        try:
+            self.daemon.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.daemon.kill()
+            self.daemon.wait()
+            self.fail("rendezvousd ignored SIGTERM")
+        super().tearDown()
+
+    def read_log(self):
+        with open(self.daemon_log) as f:
+            return f.read()
+
+    def agent(self, name, *args, job="job1", nnodes="3", nproc="2", extra_env=None, script=None):
+        env = dict(self.env, **(extra_env or {}))
+        command = ["--nnodes", nnodes, "-n", nproc, "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                   self.endpoint, "--rdzv-id", job, "--node-name", name, *args]
+        command += [script] if script else ["--no-python", "/bin/sh", "-c", WORKER]
+        return self.start(*command, env=env)
+
+    def finish(self, agents, timeout=60):
+        results = []
+        for proc in agents:
+            out, err = proc.communicate(timeout=timeout)
+            results.append((proc.returncode, out, err))
+        return results
+
+    def ranks(self):
+        found = {}
+        for name in self.files("rank."):
+            with open(os.path.join(self.tmp, name)) as f:
+                rank, local, group, world, addr, port = f.read().split()
+                found[int(rank)] = (int(local), int(group), int(world), addr, int(port))
+        return found
+
+
+class Rendezvous(RendezvousTestCase):
+    def test_three_nodes_run_real_ddp_across_six_ranks(self):
+        agents = [self.agent(f"node{i}", script=os.path.join(REPO, "examples/ddp_train.py"))
+                  for i in range(3)]
+        results = self.finish(agents, timeout=120)
+        for code, out, err in results:
+            self.assertEqual(code, 0, err)
+        out = "".join(r[1] for r in results)
+        for rank in range(6):
+            self.assertIn(f"[rank{rank}]:rank {rank}/6 local_rank {rank % 2}: done, replicas in sync", out)
+
+    def test_ranks_follow_topology_labels(self):
+        labels = {"a": "rack=r2,switch=s1", "b": "rack=r1,switch=s2", "c": "rack=r1,switch=s1"}
+        agents = [self.agent(name, "--topology-labels", value) for name, value in labels.items()]
+        for code, _, err in self.finish(agents):
+            self.assertEqual(code, 0, err)
+        ranks = self.ranks()
+        self.assertEqual(sorted(ranks), list(range(6)))
+        # c (r1/s1) is node rank 0, b (r1/s2) 1, a (r2) 2; ranks are contiguous per node.
+        self.assertEqual([ranks[r][1] for r in range(6)], [0, 0, 1, 1, 2, 2])
+        self.assertEqual({ranks[r][2] for r in range(6)}, {6})
+        self.assertEqual(len({(ranks[r][3], ranks[r][4]) for r in range(6)}), 1)
+        self.assertIn("job job1: c (127.0.0.1) joined", self.read_log())
+
+    def test_join_timeout_names_who_joined(self):
+        agents = [self.agent(f"n{i}", "--rdzv-conf", "join_timeout=2") for i in range(2)]
+        started = time.monotonic()
+        for code, _, err in self.finish(agents, timeout=30):
+            self.assertEqual(code, 75, err)
+            self.assertIn("2 of 3 nodes joined: n0 (127.0.0.1), n1 (127.0.0.1)", err)
+        self.assertLess(time.monotonic() - started, 10)
+
+    def test_worker_failure_on_one_node_stops_every_node(self):
+        sleeper = {f"BEHAVIOUR_{r}": "exec sleep 60" for r in range(6)}
+        sleeper["BEHAVIOUR_3"] = 'while [ $(ls "$MCPRUN_TEST_DIR" | grep -c "^pid\\.") -lt 6 ]; do sleep 0.05; done; exit 7'
+        agents = [self.agent(f"n{i}", extra_env=sleeper) for i in range(3)]
+        started = time.monotonic()
+        results = self.finish(agents)
+        self.assertLess(time.monotonic() - started, 20)
+        for code, _, err in results:
+            self.assertEqual(code, 7, err)
+        failing = [err for _, _, err in results if "rank:       3 (local rank 1)" in err]
+        self.assertEqual(len(failing), 1)
+        others = [err for _, _, err in results if "rank 3 on" in err and "failed with exit code 7" in err]
+        self.assertEqual(len(others), 2)
+        self.assertEqual([p for p in self.pids() if alive(p)], [])
+
+    def test_sigkill_of_one_agent_stops_the_others_and_names_it(self):
+        sleeper = {f"BEHAVIOUR_{r}": "exec sleep 60" for r in range(6)}
+        agents = [self.agent(f"n{i}", extra_env=sleeper) for i in range(3)]
+        self.assertTrue(wait_for(lambda: len(self.pids()) == 6, 30))
+        victim = agents[1]
+        os.kill(victim.pid, signal.SIGKILL)
+        started = time.monotonic()
+        results = self.finish([agents[0], agents[2]], timeout=30)
+        self.assertLess(time.monotonic() - started, 5)
+        for code, _, err in results:
+            self.assertEqual(code, 75, err)
+            self.assertIn("n1 was lost", err)
+        victim.wait()
+        self.assertTrue(wait_for(lambda: not any(alive(p) for p in self.pids()), 5))
+
+    def test_two_jobs_side_by_side_one_failing(self):
+        good = [self.agent(f"g{i}", job="good", nnodes="2", nproc="1",
+                           extra_env={"BEHAVIOUR_0": "sleep 1", "BEHAVIOUR_1": "sleep 1"})
+                for i in range(2)]
+        bad = [self.agent(f"b{i}", job="bad", nnodes="2", nproc="1",
+                          extra_env={"BEHAVIOUR_1": "exit 9", "BEHAVIOUR_0": "exec sleep 60"})
+               for i in range(2)]
+        self.assertEqual([r[0] for r in self.finish(bad)], [9, 9])
+        for code, _, err in self.finish(good):
+            self.assertEqual(code, 0, err)
+
+    def test_hostile_peers_cost_only_their_connection(self):
+        host, port = self.endpoint.split(":")
+        garbage = socket.create_connection((host, int(port)))
+        garbage.sendall(struct.pack(">I", 20) + b"GET / HTTP/1.1\r\n\r\n..")
+        oversized = socket.create_connection((host, int(port)))
+        oversized.sendall(struct.pack(">I", 1 << 30))
+        half = socket.create_connection((host, int(port)))
+        half.sendall(struct.pack(">I", 100) + b'{"v":1,')
+        idle = [socket.create_connection((host, int(port))) for _ in range(200)]
+        for sock in (garbage, oversized):
+            sock.settimeout(10)
+            self.assertEqual(sock.recv(1), b"", "the daemon should close a bad peer")
+        agents = [self.agent(f"n{i}", nnodes="2", nproc="1") for i in range(2)]
+        for code, _, err in self.finish(agents):
+            self.assertEqual(code, 0, err)
+        log = self.read_log()
+        self.assertIn("payload is not JSON", log)
+        self.assertIn("exceeds the 65536-byte limit", log)
+        for sock in [garbage, oversized, half, *idle]:
+            sock.close()
+
+    def test_wrong_endpoint_fails_fast_with_one_line(self):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.endpoint = f"127.0.0.1:{port}"
+        code, _, err = self.finish([self.agent("n0")])[0]
+        self.assertEqual(code, 75)
+        self.assertIn("cannot reach rendezvous", err)
