@@ -4,6 +4,9 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <cstring>
+#include <string>
+#include <string_view>
 
 #include "common/topology.hpp"
 
@@ -18,11 +21,27 @@ struct NvmlPciInfo {
   char bus_id[32];
 };
 
-/// "00000000:3B:00.0" (NVML) -> "0000:3b:00.0" (sysfs).
-std::string normalise_bus_id(const NvmlPciInfo& info) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%04x:%02x:%02x.0", info.domain & 0xffff, info.bus, info.device);
-  return text;
+/// "00000000:3B:00.0" (NVML) or "0000:3b:00.0" (sysfs) -> "0000:3b:00.0": one spelling to compare.
+std::string normalise_bus_id(std::string_view text) {
+  unsigned long domain = 0;
+  unsigned bus = 0, device = 0, function = 0;
+  std::string copy(text);
+  if (std::sscanf(copy.c_str(), "%lx:%x:%x.%x", &domain, &bus, &device, &function) != 4) {
+    for (char& c : copy) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return copy;
+  }
+  char out[48];
+  std::snprintf(out, sizeof out, "%04lx:%02x:%02x.%x", domain, bus, device, function);
+  return out;
+}
+
+/// The bus id NVML reports, from the text field when filled, else from the numeric fields.
+std::string bus_id_of(const NvmlPciInfo& info) {
+  const std::string_view text(info.bus_id, strnlen(info.bus_id, sizeof info.bus_id));
+  if (!text.empty()) return normalise_bus_id(text);
+  char out[48];
+  std::snprintf(out, sizeof out, "%04x:%02x:%02x.0", info.domain, info.bus, info.device);
+  return out;
 }
 
 }  // namespace
@@ -49,13 +68,14 @@ void annotate_with_nvml(std::vector<GpuDevice>& gpus) {
       for (unsigned i = 0; i < devices; ++i) {
         nvmlDevice_t device = nullptr;
         NvmlPciInfo info{};
-        char text[96] = {};
+        char text[96] = {};  // NVML_DEVICE_UUID_V2_BUFFER_SIZE.
         if (handle(i, &device) != 0 || pci(device, &info) != 0 ||
             uuid(device, text, sizeof text) != 0)
           continue;
-        const std::string bus_id = normalise_bus_id(info);
+        text[sizeof text - 1] = '\0';
+        const std::string bus_id = bus_id_of(info);
         for (GpuDevice& gpu : gpus)
-          if (gpu.bus_id == bus_id) gpu.uuid = text;
+          if (normalise_bus_id(gpu.bus_id) == bus_id) gpu.uuid = text;
       }
     }
     if (shutdown) shutdown();

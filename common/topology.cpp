@@ -1,11 +1,14 @@
 #include "common/topology.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
+#include <climits>
 #include <cstdlib>
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <tuple>
 
 namespace mcprun {
 namespace fs = std::filesystem;
@@ -13,30 +16,51 @@ namespace {
 
 constexpr unsigned kNvidiaVendor = 0x10de;
 constexpr unsigned kVgaClass = 0x0300, k3dClass = 0x0302;
-
-/// First line of a sysfs attribute, or "" when it is missing.
-std::string read_attribute(const fs::path& path) {
-  std::ifstream in(path);
-  std::string line;
-  std::getline(in, line);
-  while (!line.empty() && (line.back() == '\n' || line.back() == ' ')) line.pop_back();
-  return line;
-}
-
-std::optional<long> parse_number(const std::string& text, int base) {
-  std::string_view view(text);
-  if (base == 16 && (view.starts_with("0x") || view.starts_with("0X"))) view.remove_prefix(2);
-  long value = 0;
-  auto [end, ec] = std::from_chars(view.data(), view.data() + view.size(), value, base);
-  if (ec != std::errc() || end != view.data() + view.size() || view.empty()) return std::nullopt;
-  return value;
-}
+/// Above any kernel's NR_CPUS: a cpulist naming more is garbage, not a machine.
+constexpr long kMaxCpu = 1 << 20;
 
 std::string trim(std::string text) {
   auto not_space = [](unsigned char c) { return !std::isspace(c); };
   text.erase(text.begin(), std::find_if(text.begin(), text.end(), not_space));
   text.erase(std::find_if(text.rbegin(), text.rend(), not_space).base(), text.end());
   return text;
+}
+
+std::string lowercase(std::string text) {
+  for (char& c : text) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return text;
+}
+
+/// First line of a sysfs attribute, trimmed, or "" when it is missing or unreadable.
+std::string read_attribute(const fs::path& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return trim(line);
+}
+
+/// The whole text must be a number ("0x" allowed in base 16); nullopt otherwise.
+std::optional<long> parse_number(std::string_view view, int base) {
+  if (base == 16 && (view.starts_with("0x") || view.starts_with("0X"))) view.remove_prefix(2);
+  if (view.empty()) return std::nullopt;
+  long value = 0;
+  auto [end, ec] = std::from_chars(view.data(), view.data() + view.size(), value, base);
+  if (ec != std::errc() || end != view.data() + view.size()) return std::nullopt;
+  return value;
+}
+
+int read_int(const fs::path& path, int fallback) {
+  auto value = parse_number(read_attribute(path), 10);
+  return value && *value >= INT_MIN && *value <= INT_MAX ? static_cast<int>(*value) : fallback;
+}
+
+/// "pci0000:00" (or a wider VMD domain): the root-complex directory that starts a device path.
+bool is_pci_root(const std::string& name) {
+  if (!name.starts_with("pci")) return false;
+  auto colon = name.find(':', 3);
+  if (colon == std::string::npos) return false;
+  return parse_number(std::string_view(name).substr(3, colon - 3), 16) &&
+         parse_number(std::string_view(name).substr(colon + 1), 16);
 }
 
 /// Bridges between the pciDDDD:BB root and the device in the resolved sysfs path, root first.
@@ -51,11 +75,57 @@ std::vector<std::string> pci_parents_of(const fs::path& entry) {
   bool in_tree = false;
   for (const fs::path& part : target) {
     std::string name = part.string();
-    if (name.rfind("pci", 0) == 0 && name.find(':') != std::string::npos) in_tree = true;
+    if (!in_tree && is_pci_root(name)) in_tree = true;
     if (in_tree) parts.push_back(name);
   }
   if (!parts.empty()) parts.pop_back();  // The device itself.
   return parts;
+}
+
+/// (domain, bus, device, function) as numbers, so a 5-digit VMD domain still sorts right;
+/// an unparsable id sorts after all parsable ones, by its text.
+std::tuple<bool, long, long, long, long, std::string> bus_order_key(const std::string& bus_id) {
+  long domain = 0, bus = 0, device = 0, function = 0;
+  auto first = bus_id.find(':'), second = bus_id.find(':', first + 1), dot = bus_id.rfind('.');
+  if (first != std::string::npos && second != std::string::npos && dot != std::string::npos &&
+      dot > second) {
+    std::string_view id(bus_id);
+    auto d = parse_number(id.substr(0, first), 16);
+    auto b = parse_number(id.substr(first + 1, second - first - 1), 16);
+    auto s = parse_number(id.substr(second + 1, dot - second - 1), 16);
+    auto f = parse_number(id.substr(dot + 1), 16);
+    if (d && b && s && f) return {false, *d, *b, *s, *f, bus_id};
+  }
+  return {true, domain, bus, device, function, bus_id};
+}
+
+bool bus_less(const std::string& a, const std::string& b) {
+  return bus_order_key(a) < bus_order_key(b);
+}
+
+/// "0=0000:1a:00.0 (GPU-...), 1=...": what the user could have named instead.
+std::string describe_choices(const std::vector<GpuDevice>& gpus) {
+  if (gpus.empty()) return "no GPUs were found";
+  std::string text = "GPUs found: ";
+  for (size_t i = 0; i < gpus.size(); ++i) {
+    if (i) text += ", ";
+    text += std::to_string(gpus[i].pci_index) + "=" + gpus[i].bus_id;
+    if (!gpus[i].uuid.empty()) text += " (" + gpus[i].uuid + ")";
+  }
+  return text;
+}
+
+/// The GPUs one CUDA_VISIBLE_DEVICES entry names: an index, a full UUID or a "GPU-" prefix.
+std::vector<const GpuDevice*> matching(const std::vector<GpuDevice>& gpus, const std::string& item) {
+  std::vector<const GpuDevice*> found;
+  auto index = parse_number(item, 10);
+  for (const GpuDevice& gpu : gpus) {
+    bool hit = index ? gpu.pci_index == *index
+                     : !gpu.uuid.empty() && (gpu.uuid == item ||
+                                             (item.starts_with("GPU-") && gpu.uuid.starts_with(item)));
+    if (hit) found.push_back(&gpu);
+  }
+  return found;
 }
 
 }  // namespace
@@ -73,17 +143,18 @@ fs::path sysfs_root() {
 
 std::optional<std::vector<int>> parse_cpulist(const std::string& text) {
   std::vector<int> cpus;
-  std::string list = trim(text);
+  const std::string list = trim(text);
   if (list.empty()) return cpus;
+  if (list.back() == ',') return std::nullopt;  // getline would drop the empty last item.
   std::stringstream in(list);
   for (std::string item; std::getline(in, item, ',');) {
     auto dash = item.find('-');
-    auto first = parse_number(item.substr(0, dash), 10);
-    auto last = dash == std::string::npos ? first : parse_number(item.substr(dash + 1), 10);
-    if (!first || !last || *first < 0 || *last < *first) return std::nullopt;
+    auto first = parse_number(std::string_view(item).substr(0, dash), 10);
+    auto last = dash == std::string::npos ? first
+                                          : parse_number(std::string_view(item).substr(dash + 1), 10);
+    if (!first || !last || *first < 0 || *last < *first || *last > kMaxCpu) return std::nullopt;
     for (long cpu = *first; cpu <= *last; ++cpu) cpus.push_back(static_cast<int>(cpu));
   }
-  if (list.back() == ',') return std::nullopt;
   return cpus;
 }
 
@@ -91,28 +162,29 @@ std::vector<GpuDevice> discover_gpus(const fs::path& sysfs) {
   std::vector<GpuDevice> gpus;
   std::error_code ec;
   const fs::path devices = sysfs / "bus" / "pci" / "devices";
-  for (const auto& entry : fs::directory_iterator(devices, ec)) {
-    const fs::path dir = entry.path();
+  // Explicit increment(ec): the range-for form throws if the directory vanishes mid-scan.
+  for (fs::directory_iterator it(devices, ec), end; !ec && it != end; it.increment(ec)) {
+    const fs::path dir = it->path();
     auto vendor = parse_number(read_attribute(dir / "vendor"), 16);
     auto device_class = parse_number(read_attribute(dir / "class"), 16);
     if (!vendor || *vendor != kNvidiaVendor || !device_class) continue;
-    unsigned base_class = static_cast<unsigned>(*device_class) >> 8;
+    const unsigned long base_class = static_cast<unsigned long>(*device_class) >> 8;
     if (base_class != kVgaClass && base_class != k3dClass) continue;
 
     GpuDevice gpu;
-    gpu.bus_id = dir.filename().string();
-    std::transform(gpu.bus_id.begin(), gpu.bus_id.end(), gpu.bus_id.begin(), ::tolower);
-    gpu.numa_node = static_cast<int>(parse_number(read_attribute(dir / "numa_node"), 10).value_or(-1));
+    gpu.bus_id = lowercase(dir.filename().string());
+    gpu.numa_node = read_int(dir / "numa_node", -1);
+    if (gpu.numa_node < -1) gpu.numa_node = -1;
     gpu.local_cpus = parse_cpulist(read_attribute(dir / "local_cpulist")).value_or(std::vector<int>{});
     gpu.pci_parents = pci_parents_of(dir);
-    gpu.link_width = static_cast<int>(parse_number(read_attribute(dir / "current_link_width"), 10).value_or(0));
-    gpu.max_link_width = static_cast<int>(parse_number(read_attribute(dir / "max_link_width"), 10).value_or(0));
+    gpu.link_width = read_int(dir / "current_link_width", 0);
+    gpu.max_link_width = read_int(dir / "max_link_width", 0);
     gpu.link_speed = read_attribute(dir / "current_link_speed");
     gpu.max_link_speed = read_attribute(dir / "max_link_speed");
     gpus.push_back(std::move(gpu));
   }
   std::sort(gpus.begin(), gpus.end(),
-            [](const GpuDevice& a, const GpuDevice& b) { return a.bus_id < b.bus_id; });
+            [](const GpuDevice& a, const GpuDevice& b) { return bus_less(a.bus_id, b.bus_id); });
   for (size_t i = 0; i < gpus.size(); ++i) gpus[i].pci_index = static_cast<int>(i);
   return gpus;
 }
@@ -125,36 +197,35 @@ TopologyOrder topology_order(std::vector<GpuDevice> gpus, const std::optional<st
     for (std::string item; std::getline(in, item, ',');) {
       item = trim(item);
       if (item.empty()) continue;
-      auto matches = [&](const GpuDevice& gpu) {
-        if (auto index = parse_number(item, 10)) return gpu.pci_index == *index;
-        return !gpu.uuid.empty() && gpu.uuid.rfind(item, 0) == 0;
-      };
-      auto it = std::find_if(gpus.begin(), gpus.end(), matches);
-      if (it == gpus.end()) {
-        order.error = "'" + item + "' matches no GPU: " +
-                      (gpus.empty() ? std::string("none were found")
-                                    : std::to_string(gpus.size()) + " found, indices 0-" +
-                                          std::to_string(gpus.size() - 1) + " or their UUIDs");
+      auto found = matching(gpus, item);
+      if (found.size() != 1) {
+        order.error = "'" + item + "' " +
+                      (found.empty() ? "matches no GPU" : "matches more than one GPU") + "; " +
+                      describe_choices(gpus);
         return order;
       }
       if (std::none_of(chosen.begin(), chosen.end(),
-                       [&](const GpuDevice& g) { return g.bus_id == it->bus_id; }))
-        chosen.push_back(*it);
+                       [&](const GpuDevice& g) { return g.bus_id == found[0]->bus_id; }))
+        chosen.push_back(*found[0]);
     }
     gpus = std::move(chosen);
   }
-  // A switch group sorts by the smallest bus id under it, so groups keep PCI order.
+  // A switch group sorts by the smallest bus id under it, so groups keep PCI order. A GPU with
+  // no known parent is a group of its own rather than sharing one nameless "switch".
   std::map<std::string, std::string> first_bus_under_switch;
   for (const GpuDevice& gpu : gpus) {
+    if (gpu.switch_id().empty()) continue;
     auto [it, inserted] = first_bus_under_switch.emplace(gpu.switch_id(), gpu.bus_id);
-    if (!inserted) it->second = std::min(it->second, gpu.bus_id);
+    if (!inserted && bus_less(gpu.bus_id, it->second)) it->second = gpu.bus_id;
   }
   auto key = [&](const GpuDevice& gpu) {
-    int numa = gpu.numa_node < 0 ? INT32_MAX : gpu.numa_node;  // Unknown NUMA sorts last.
-    return std::tuple(numa, first_bus_under_switch[gpu.switch_id()], gpu.bus_id);
+    int numa = gpu.numa_node < 0 ? INT_MAX : gpu.numa_node;  // Unknown NUMA sorts last.
+    const std::string& group =
+        gpu.switch_id().empty() ? gpu.bus_id : first_bus_under_switch.at(gpu.switch_id());
+    return std::tuple(numa, bus_order_key(group), bus_order_key(gpu.bus_id));
   };
-  std::sort(gpus.begin(), gpus.end(),
-            [&](const GpuDevice& a, const GpuDevice& b) { return key(a) < key(b); });
+  std::stable_sort(gpus.begin(), gpus.end(),
+                   [&](const GpuDevice& a, const GpuDevice& b) { return key(a) < key(b); });
   order.gpus = std::move(gpus);
   return order;
 }
