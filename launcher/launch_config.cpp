@@ -126,6 +126,9 @@ ParseResult parse_launch_config(const std::vector<std::string>& args) {
   app.add_option("--node-name", config.node_name,
                  "This node's name in the rendezvous (default <hostname>:<pid>)")
       ->envname("MCPRUN_NODE_NAME");
+  app.add_option("--rdzv-token-file", config.rdzv_token_file,
+                 "File holding the token rendezvousd was started with (--token-file)")
+      ->envname("MCPRUN_RDZV_TOKEN_FILE");
   add("max-restarts", config.max_restarts, "Restart the whole group up to N times on failure")
       ->check(CLI::NonNegativeNumber);
   add("monitor-interval", config.monitor_interval,

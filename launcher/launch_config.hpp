@@ -41,6 +41,7 @@ struct LaunchConfig {
   double last_call_timeout = 5;         ///< rdzv-conf last_call_timeout, seconds (torchrun: 30).
   std::map<std::string, std::string> topology_labels;
   std::string node_name;                ///< Unique per job; default <hostname>:<pid>.
+  std::string rdzv_token_file;          ///< Token presented to rendezvousd, when it asks for one.
   int max_restarts = 0;
   double monitor_interval = 0.1;       ///< Accepted for compatibility; exits are event-driven.
   std::string start_method = "spawn";

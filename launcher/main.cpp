@@ -5,6 +5,7 @@
 
 #include <boost/asio/io_context.hpp>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 
 #include "common/exit_status.hpp"
@@ -118,6 +119,13 @@ int launch(const LaunchConfig& config) {
                         {"max_nodes", config.max_nodes},
                         {"join_timeout_s", config.join_timeout},
                         {"last_call_timeout_s", config.last_call_timeout}};
+    if (!config.rdzv_token_file.empty()) {
+      std::ifstream in(config.rdzv_token_file);
+      std::string token;
+      if (!in || !std::getline(in, token) || token.empty())
+        return usage_error("--rdzv-token-file " + config.rdzv_token_file + ": cannot read a token");
+      join["token"] = token;
+    }
     spdlog::info("joining job '{}' at {} ({} node(s) expected, up to {} s)", config.rdzv_id,
                  config.rdzv_endpoint, config.nnodes, config.join_timeout);
     // The daemon times the round out itself; our limit only covers a daemon that went silent.
@@ -130,6 +138,8 @@ int launch(const LaunchConfig& config) {
     }
     const Assignment& assignment = std::get<Assignment>(joined);
     place_in_job(plan, assignment);
+    if (auto interface = interface_for_address(rendezvous->local_address()))
+      set_socket_interface(plan, *interface, inherited);
     spdlog::info("node rank {} of {}: ranks {}-{} of {}, MASTER_ADDR={} MASTER_PORT={}",
                  assignment.group_rank, assignment.group_world_size, assignment.rank_offset,
                  assignment.rank_offset + static_cast<int>(plan.slots.size()) - 1,

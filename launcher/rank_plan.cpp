@@ -1,5 +1,8 @@
 #include "launcher/rank_plan.hpp"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -134,6 +137,29 @@ std::variant<RankPlan, UsageError> build_rank_plan(const LaunchConfig& config,
   auto env_warnings = environment_warnings(plan.job, inherited);
   plan.warnings.insert(plan.warnings.end(), env_warnings.begin(), env_warnings.end());
   return plan;
+}
+
+std::optional<std::string> interface_for_address(const std::string& local_address) {
+  ifaddrs* list = nullptr;
+  if (local_address.empty() || ::getifaddrs(&list) != 0) return std::nullopt;
+  std::optional<std::string> found;
+  for (ifaddrs* entry = list; entry && !found; entry = entry->ifa_next) {
+    if (!entry->ifa_addr) continue;
+    char text[INET6_ADDRSTRLEN] = {};
+    const int family = entry->ifa_addr->sa_family;
+    if (family == AF_INET)
+      ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(entry->ifa_addr)->sin_addr, text, sizeof text);
+    else if (family == AF_INET6)
+      ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(entry->ifa_addr)->sin6_addr, text, sizeof text);
+    if (local_address == text) found = entry->ifa_name;
+  }
+  ::freeifaddrs(list);
+  return found;
+}
+
+void set_socket_interface(RankPlan& plan, const std::string& interface, const Environment& inherited) {
+  for (const char* name : {"NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"})
+    if (!inherited.contains(name)) plan.extra_env[name] = interface;
 }
 
 void place_in_job(RankPlan& plan, const JobPlacement& placement) {

@@ -24,6 +24,7 @@ struct RankPlan {
   std::vector<RankSlot> slots;
   std::vector<std::string> argv;  ///< The worker command line, identical for every rank.
   bool pinned = false;            ///< Workers get CUDA_VISIBLE_DEVICES.
+  Environment extra_env;          ///< Job-wide additions, such as the socket interface.
   std::vector<std::string> warnings;
 };
 
@@ -39,6 +40,14 @@ struct JobPlacement {
 
 /// Moves a single-node plan into its place in the job: global ranks, sizes, the store address.
 void place_in_job(RankPlan& plan, const JobPlacement& placement);
+
+/// The network interface that holds `local_address` (the address this node reaches its peers
+/// from); nullopt when none does.
+std::optional<std::string> interface_for_address(const std::string& local_address);
+
+/// Sets NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME to `interface` for every worker, unless the
+/// user set them: NCCL and Gloo otherwise may pick lo or a docker bridge and never connect.
+void set_socket_interface(RankPlan& plan, const std::string& interface, const Environment& inherited);
 
 /// Resolves nproc, GPU pinning, CPU binding and the command line. Returns a one-line error for
 /// bad input (missing script, more pinned ranks than GPUs, no GPU for `-n gpu`, ...).

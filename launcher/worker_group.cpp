@@ -149,12 +149,10 @@ AttemptResult WorkerGroup::run_attempt(int restart_count, const AttemptFiles& fi
 
   for (Worker& worker : workers_) {
     if (interrupt_signal_ != 0) break;
-    SpawnRequest request{plan_.argv,
-                         merge_environment(inherited_, worker_env_delta(
-                                                           plan_.job, worker.slot->identity,
-                                                           restart_count,
-                                                           worker.outcome.error_file.string(),
-                                                           inherited_)),
+    Environment delta = worker_env_delta(plan_.job, worker.slot->identity, restart_count,
+                                         worker.outcome.error_file.string(), inherited_);
+    delta.insert(plan_.extra_env.begin(), plan_.extra_env.end());
+    SpawnRequest request{plan_.argv, merge_environment(inherited_, delta),
                          worker.slot->cpus, worker.output->child_stdout(),
                          worker.output->child_stderr()};
     std::string error;

@@ -49,7 +49,8 @@ class LauncherTestCase(unittest.TestCase):
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
             for stream in (proc.stdout, proc.stderr):
-                stream.close()
+                if stream:
+                    stream.close()
         leftover = [pid for pid in self.pids() if alive(pid)]
         for pid in leftover:
             os.kill(pid, signal.SIGKILL)

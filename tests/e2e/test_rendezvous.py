@@ -172,3 +172,27 @@ class Rendezvous(RendezvousTestCase):
         code, _, err = self.finish([self.agent("n0")])[0]
         self.assertEqual(code, 75)
         self.assertIn("cannot reach rendezvous", err)
+
+    def test_token_is_required_when_the_daemon_has_one(self):
+        token_file = self.script("token", "s3cret-token\n")
+        log = open(os.path.join(self.tmp, "auth.log"), "w")
+        daemon = subprocess.Popen([RENDEZVOUSD, "--listen", "127.0.0.1:0", "--token-file", token_file],
+                                  stdout=log, stderr=log, start_new_session=True)
+        log.close()
+        self.procs.append(daemon)
+        def auth_log():
+            with open(os.path.join(self.tmp, "auth.log")) as f:
+                return f.read()
+        port = wait_for(lambda: re.search(r"listening on 127\.0\.0\.1:(\d+)", auth_log()), 10)
+        self.assertTrue(port, auth_log())
+        self.endpoint = "127.0.0.1:" + port.group(1)
+        code, _, err = self.finish([self.agent("n0", nnodes="1:2")])[0]
+        self.assertEqual(code, 75)
+        self.assertIn("authentication failed", err)
+        self.assertIn("authentication failed", auth_log())
+        agents = [self.agent(f"n{i}", "--rdzv-token-file", token_file, nnodes="2", nproc="1")
+                  for i in range(2)]
+        for code, _, err in self.finish(agents):
+            self.assertEqual(code, 0, err)
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(timeout=10)

@@ -1,0 +1,126 @@
+"""Multi-host tests: each "node" is a network namespace with its own IP on a veth pair, joined by
+a bridge in a namespace of the test's own. Traffic never leaves these namespaces."""
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+import unittest
+
+from harness import MCPRUN, PYTHON, LauncherTestCase, alive, wait_for
+from test_rendezvous import RENDEZVOUSD
+
+SUBNET = "10.250.{}.{}"  # Addresses of the test's own hosts, inside its own namespaces only.
+
+ALLREDUCE = r'''
+import json, os, sys
+import torch, torch.distributed as dist
+dist.init_process_group("gloo", init_method="env://")
+value = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(value)
+with open(os.path.join(os.environ["MCPRUN_TEST_DIR"], "node.%s.json" % os.environ["RANK"]), "w") as f:
+    json.dump({"sum": value.item(), "ifname": os.environ.get("GLOO_SOCKET_IFNAME"),
+               "nccl_ifname": os.environ.get("NCCL_SOCKET_IFNAME"),
+               "master": os.environ["MASTER_ADDR"]}, f)
+'''
+
+
+def ip(*args, check=True):
+    return subprocess.run(["ip", *args], check=check, capture_output=True, text=True)
+
+
+def can_make_namespaces():
+    if os.geteuid() != 0:
+        return False
+    probe = f"mcprun-probe-{os.getpid()}"
+    if ip("netns", "add", probe, check=False).returncode != 0:
+        return False
+    ip("netns", "del", probe, check=False)
+    return True
+
+
+@unittest.skipUnless(can_make_namespaces(), "needs root and network namespaces (ip netns)")
+class AcrossHosts(LauncherTestCase):
+    HOSTS = 3
+
+    def setUp(self):
+        super().setUp()
+        tag = f"{os.getpid() % 10000}-{int(time.monotonic() * 1000) % 100000}"
+        self.subnet = 1 + os.getpid() % 250
+        self.switch = f"mcprun-sw-{tag}"
+        self.hosts = [f"mcprun-h{i}-{tag}" for i in range(self.HOSTS)]
+        self.addCleanup(self.remove_namespaces)
+        ip("netns", "add", self.switch)
+        ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
+        ip("-n", self.switch, "link", "set", "br0", "up")
+        for i, host in enumerate(self.hosts):
+            ip("netns", "add", host)
+            ip("-n", host, "link", "add", "eth0", "type", "veth", "peer", "name", f"port{i}",
+               "netns", self.switch)
+            ip("-n", self.switch, "link", "set", f"port{i}", "master", "br0", "up")
+            ip("-n", host, "addr", "add", self.address(i) + "/24", "dev", "eth0")
+            ip("-n", host, "link", "set", "eth0", "up")
+            ip("-n", host, "link", "set", "lo", "up")
+        log = open(os.path.join(self.tmp, "rendezvousd.log"), "w")
+        self.daemon = subprocess.Popen(
+            ["ip", "netns", "exec", self.hosts[0], RENDEZVOUSD, "--listen",
+             self.address(0) + ":0", "--lease", "2"], stdout=log, stderr=log, start_new_session=True)
+        log.close()
+        self.procs.append(self.daemon)
+        found = wait_for(lambda: re.search(r"listening on [\d.]+:(\d+)", self.daemon_log()), 10)
+        self.assertTrue(found, self.daemon_log())
+        self.endpoint = f"{self.address(0)}:{found.group(1)}"
+
+    def address(self, i):
+        return SUBNET.format(self.subnet, i + 1)
+
+    def daemon_log(self):
+        with open(os.path.join(self.tmp, "rendezvousd.log")) as f:
+            return f.read()
+
+    def remove_namespaces(self):
+        for proc in self.procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        for name in [*self.hosts, self.switch]:
+            ip("netns", "del", name, check=False)
+
+    def agent(self, i, *args):
+        command = ["ip", "netns", "exec", self.hosts[i], MCPRUN, "--nnodes", str(self.HOSTS),
+                   "-n", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", self.endpoint,
+                   "--rdzv-id", "netjob", "--node-name", f"host{i}", *args]
+        proc = subprocess.Popen(command, env=self.env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+        self.procs.append(proc)
+        return proc
+
+    def test_gloo_job_across_hosts_uses_the_veth(self):
+        script = self.script("allreduce.py", ALLREDUCE)
+        agents = [self.agent(i, script) for i in range(self.HOSTS)]
+        for proc in agents:
+            _, err = proc.communicate(timeout=120)
+            self.assertEqual(proc.returncode, 0, err)
+        for rank in range(self.HOSTS):
+            with open(os.path.join(self.tmp, f"node.{rank}.json")) as f:
+                node = json.load(f)
+            self.assertEqual(node["sum"], 6.0)
+            self.assertEqual(node["ifname"], "eth0")
+            self.assertEqual(node["nccl_ifname"], "eth0")
+            self.assertIn(node["master"], [self.address(i) for i in range(self.HOSTS)])
+            self.assertNotEqual(node["master"], "127.0.0.1")
+
+    def test_cut_link_stops_the_others_within_the_lease(self):
+        worker = 'echo $$ > "$MCPRUN_TEST_DIR/pid.$RANK"; exec sleep 60'
+        agents = [self.agent(i, "--no-python", "/bin/sh", "-c", worker) for i in range(self.HOSTS)]
+        self.assertTrue(wait_for(lambda: len(self.pids()) == self.HOSTS, 30), "workers did not start")
+        ip("-n", self.hosts[2], "link", "set", "eth0", "down")
+        cut = time.monotonic()
+        for proc in agents[:2]:
+            _, err = proc.communicate(timeout=30)
+            self.assertEqual(proc.returncode, 75, err)
+            self.assertIn("host2 was lost", err)
+        self.assertLess(time.monotonic() - cut, 2 + 3)  # The lease, plus teardown.
+        os.killpg(agents[2].pid, signal.SIGTERM)
+        agents[2].communicate(timeout=30)
