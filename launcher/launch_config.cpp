@@ -234,7 +234,9 @@ ParseResult parse_launch_config(const std::vector<std::string>& args) {
       const bool number = !value.empty() && end && *end == '\0' && seconds > 0;
       if (key == "join_timeout" && number) config.join_timeout = seconds;
       else if (key == "last_call_timeout" && number) config.last_call_timeout = seconds;
-      else if (key == "close_timeout" || key == "is_host" || key == "timeout" || key == "read_timeout") continue;
+      else if (key == "is_host" && (value == "1" || value == "true" || value == "True")) config.is_host = true;
+      else if (key == "is_host" && (value == "0" || value == "false" || value == "False")) config.is_host = false;
+      else if (key == "close_timeout" || key == "timeout" || key == "read_timeout") continue;
       else
         return UsageError{"--rdzv-conf " + item + ": expected join_timeout=S, last_call_timeout=S, "
                           "close_timeout=S or is_host=BOOL"};

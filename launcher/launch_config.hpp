@@ -39,6 +39,7 @@ struct LaunchConfig {
   std::string rdzv_conf;
   double join_timeout = 120;            ///< rdzv-conf join_timeout, seconds (torchrun: 600).
   double last_call_timeout = 5;         ///< rdzv-conf last_call_timeout, seconds (torchrun: 30).
+  std::optional<bool> is_host;          ///< rdzv-conf is_host; nullopt: guess from the endpoint.
   std::map<std::string, std::string> topology_labels;
   std::string node_name;                ///< Unique per job; default <hostname>:<pid>.
   std::string rdzv_token_file;          ///< Token presented to rendezvousd, when it asks for one.

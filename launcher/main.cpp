@@ -16,6 +16,7 @@
 #include "launcher/rank_plan.hpp"
 #include "launcher/rendezvous_client.hpp"
 #include "launcher/worker_group.hpp"
+#include "rendezvousd/rendezvous_server.hpp"
 
 namespace mcprun {
 namespace {
@@ -67,6 +68,44 @@ class RunDirectory {
   bool keep_ = false;
 };
 
+/// How long the node hosting the embedded rendezvous keeps serving after its own workers are
+/// done, so the other nodes can report theirs (torchrun's exit barrier).
+constexpr std::chrono::seconds kHostExitBarrierTimeout{60};
+
+/// torchrun's is_host guess: the endpoint names this machine.
+bool endpoint_is_local(const std::string& endpoint) {
+  const std::string host = endpoint.substr(0, endpoint.rfind(':'));
+  if (host == "localhost" || host == host_name()) return true;
+  boost::system::error_code ec;
+  auto address = boost::asio::ip::make_address(host, ec);
+  if (ec) return false;
+  return address.is_loopback() || interface_for_address(address.to_string()).has_value();
+}
+
+/// Hosts the rendezvous in-process when this node is the endpoint and nothing listens there yet.
+std::unique_ptr<RendezvousServer> host_embedded_rendezvous(boost::asio::io_context& io,
+                                                           const LaunchConfig& config) {
+  if (!config.is_host.value_or(endpoint_is_local(config.rdzv_endpoint))) return nullptr;
+  const std::string& endpoint = config.rdzv_endpoint;
+  int port = -1;
+  try {
+    port = std::stoi(endpoint.substr(endpoint.rfind(':') + 1));
+  } catch (const std::exception&) {
+  }
+  if (port < 1 || port > 65535) return nullptr;
+  try {
+    auto server = std::make_unique<RendezvousServer>(
+        io, boost::asio::ip::tcp::endpoint(boost::asio::ip::tcp::v4(), static_cast<unsigned short>(port)),
+        ServerSettings{});
+    spdlog::info("hosting the rendezvous for job '{}' on port {}", config.rdzv_id, port);
+    return server;
+  } catch (const boost::system::system_error& error) {
+    // A rendezvousd already listens there (or another host agent): be its client instead.
+    spdlog::debug("not hosting the rendezvous on port {}: {}", port, error.code().message());
+    return nullptr;
+  }
+}
+
 int show_topology() {
   std::vector<GpuDevice> gpus = discover_gpus();
   annotate_with_nvml(gpus);
@@ -104,8 +143,10 @@ int launch(const LaunchConfig& config) {
 
   boost::asio::io_context io;
   const std::string host = host_name();
+  std::unique_ptr<RendezvousServer> embedded;
   std::unique_ptr<RendezvousClient> rendezvous;
   if (config.uses_rendezvous()) {
+    if (config.rdzv_backend == "c10d") embedded = host_embedded_rendezvous(io, config);
     rendezvous = std::make_unique<RendezvousClient>(io, config.rdzv_endpoint);
     nlohmann::json join{{"job", config.rdzv_id},
                         {"node", config.node_name.empty()
@@ -162,11 +203,21 @@ int launch(const LaunchConfig& config) {
                                  exit_code_for(worker));
     });
   }
+  // The host of an embedded rendezvous serves the others until their jobs are over too.
+  auto serve_remaining_nodes = [&](std::chrono::seconds limit) {
+    if (!embedded) return;
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    boost::asio::steady_timer timer(io, limit);
+    timer.async_wait([](boost::system::error_code) {});
+    while (!embedded->job_finished(config.rdzv_id) && std::chrono::steady_clock::now() < deadline)
+      io.run_one();
+  };
   for (int restart_count = 0;; ++restart_count) {
     AttemptResult result = group.run_attempt(restart_count, run_dir.attempt(restart_count));
     switch (result.end) {
       case AttemptResult::End::kSucceeded:
         if (rendezvous) rendezvous->report_done();
+        serve_remaining_nodes(kHostExitBarrierTimeout);
         return kExitSuccess;
       case AttemptResult::End::kPeerStopped:
         spdlog::error("stopped this node's workers: {}", result.peer_reason);
@@ -183,8 +234,10 @@ int launch(const LaunchConfig& config) {
                                      config.max_restarts)
                    .c_str(),
                stderr);
-    if (restart_count >= config.max_restarts)
+    if (restart_count >= config.max_restarts) {
+      serve_remaining_nodes(std::chrono::seconds(2));  // Long enough to pass the failure on.
       return exit_code_for(result.workers[result.first_failure]);
+    }
     spdlog::warn("restarting the worker group ({} of {} restarts)", restart_count + 1,
                  config.max_restarts);
   }

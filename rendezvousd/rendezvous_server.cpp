@@ -126,6 +126,11 @@ void RendezvousServer::stop() {
     if (job.deadline) job.deadline->cancel();
 }
 
+bool RendezvousServer::job_finished(const std::string& job_id) const {
+  auto it = jobs_.find(job_id);
+  return it != jobs_.end() && it->second.finished;
+}
+
 void RendezvousServer::accept() {
   acceptor_.async_accept([this](boost::system::error_code ec, tcp::socket socket) {
     if (ec == asio::error::operation_aborted) return;
@@ -161,10 +166,8 @@ void RendezvousServer::on_message(const std::shared_ptr<AgentSession>& session,
   }
   if (type == "done") {
     session->done = true;
-    bool all_done = true;
-    for (auto& [name, member] : job.members)
-      if (auto peer = member.lock(); !peer || !peer->done) all_done = false;
-    if (all_done) finish(session->job_id);
+    job.done_nodes.insert(session->node);
+    if (job.done_nodes.size() == job.members.size()) finish(session->job_id);
     return;
   }
   session->refuse("unknown message type '" + type + "'");

@@ -37,6 +37,8 @@ class RendezvousServer {
   boost::asio::ip::tcp::endpoint local_endpoint() const { return acceptor_.local_endpoint(); }
   /// Stops accepting and closes every session.
   void stop();
+  /// Whether job `job_id` exists and has ended (all nodes done, failed, lost or timed out).
+  bool job_finished(const std::string& job_id) const;
 
   // Called by sessions.
   void on_message(const std::shared_ptr<AgentSession>& session, const nlohmann::json& message);
@@ -47,6 +49,7 @@ class RendezvousServer {
   struct Job {
     std::unique_ptr<RendezvousRound> round;
     std::map<std::string, std::weak_ptr<AgentSession>> members;  ///< node name -> session.
+    std::set<std::string> done_nodes;  ///< Nodes whose workers all succeeded.
     std::unique_ptr<boost::asio::steady_timer> deadline;
     bool running = false;
     bool finished = false;

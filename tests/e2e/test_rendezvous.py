@@ -169,9 +169,30 @@ class Rendezvous(RendezvousTestCase):
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         self.endpoint = f"127.0.0.1:{port}"
-        code, _, err = self.finish([self.agent("n0")])[0]
+        code, _, err = self.finish([self.agent("n0", "--rdzv-conf", "is_host=false")])[0]
         self.assertEqual(code, 75)
         self.assertIn("cannot reach rendezvous", err)
+
+    def test_c10d_without_a_daemon_hosts_the_rendezvous_in_the_first_agent(self):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.endpoint = f"127.0.0.1:{port}"
+        # The node at the endpoint hosts it; the others arrive a moment later as its clients.
+        host = self.agent("n0", extra_env={"BEHAVIOUR_0": "sleep 1"})
+        self.assertTrue(wait_for(lambda: host.poll() is not None or self.port_open(port), 10))
+        others = [self.agent(f"n{i}", "--rdzv-conf", "is_host=false") for i in (1, 2)]
+        for code, _, err in self.finish([host, *others]):
+            self.assertEqual(code, 0, err)
+        self.assertEqual(sorted(self.ranks()), list(range(6)))
+
+    @staticmethod
+    def port_open(port):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return True
+        except OSError:
+            return False
 
     def test_token_is_required_when_the_daemon_has_one(self):
         token_file = self.script("token", "s3cret-token\n")
