@@ -1,0 +1,76 @@
+#include "rendezvousd/daemon_config.hpp"
+
+#include <yaml-cpp/yaml.h>
+
+#include <fstream>
+#include <functional>
+#include <map>
+
+namespace mcprun {
+namespace {
+
+std::chrono::milliseconds seconds_to_ms(double seconds) {
+  return std::chrono::milliseconds(static_cast<long>(seconds * 1000));
+}
+
+}  // namespace
+
+std::optional<std::string> load_daemon_config(const std::string& path, DaemonConfig& config) {
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const YAML::BadFile&) {
+    return path + ": cannot read the file";
+  } catch (const YAML::Exception& error) {
+    return path + ":" + std::to_string(error.mark.line + 1) + ": not valid YAML: " + error.msg;
+  }
+  if (root.IsNull()) return std::nullopt;
+  if (!root.IsMap()) return path + ": expected a mapping of keys";
+
+  using Setter = std::function<void(const YAML::Node&)>;
+  auto positive = [](double value) {
+    if (value <= 0) throw YAML::Exception(YAML::Mark::null_mark(), "must be > 0");
+    return value;
+  };
+  const std::map<std::string, std::pair<const char*, Setter>> keys{
+      {"listen", {"IP:PORT", [&](const YAML::Node& n) { config.listen = n.as<std::string>(); }}},
+      {"token_file", {"a path", [&](const YAML::Node& n) { config.token_file = n.as<std::string>(); }}},
+      {"lease_s", {"seconds > 0", [&](const YAML::Node& n) {
+         config.server.lease = seconds_to_ms(positive(n.as<double>()));
+       }}},
+      {"first_message_timeout_s", {"seconds > 0", [&](const YAML::Node& n) {
+         config.server.first_message_timeout = seconds_to_ms(positive(n.as<double>()));
+       }}},
+      {"max_connections", {"a count > 0", [&](const YAML::Node& n) {
+         config.server.max_connections = static_cast<size_t>(positive(n.as<int>()));
+       }}},
+      {"finished_job_ttl_s", {"seconds > 0", [&](const YAML::Node& n) {
+         config.server.finished_job_ttl = std::chrono::seconds(static_cast<long>(positive(n.as<double>())));
+       }}},
+      {"label_precedence", {"a list of label names", [&](const YAML::Node& n) {
+         config.server.label_precedence = n.as<std::vector<std::string>>();
+       }}},
+  };
+  for (const auto& entry : root) {
+    const std::string key = entry.first.as<std::string>();
+    const std::string where = path + ":" + std::to_string(entry.first.Mark().line + 1);
+    auto it = keys.find(key);
+    if (it == keys.end()) return where + ": unknown key '" + key + "'";
+    try {
+      it->second.second(entry.second);
+    } catch (const YAML::Exception&) {
+      return where + ": '" + key + "' must be " + it->second.first;
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> load_token(DaemonConfig& config) {
+  if (config.token_file.empty()) return std::nullopt;
+  std::ifstream in(config.token_file);
+  if (!in || !std::getline(in, config.server.token) || config.server.token.empty())
+    return "token file " + config.token_file + ": cannot read a token";
+  return std::nullopt;
+}
+
+}  // namespace mcprun
