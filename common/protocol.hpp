@@ -6,7 +6,8 @@
 //                             min_nodes, max_nodes, join_timeout_s, last_call_timeout_s
 //   joined     daemon->agent  heartbeat_interval_ms: the join was accepted; heartbeat this often
 //   assignment daemon->agent  round, group_rank, group_world_size, world_size, rank_offset,
-//                             master_addr, master_port, nodes[{node, addr, group_rank}]
+//                             master_addr, master_port (no node list: that would make a round
+//                             of N agents cost N^2 bytes)
 //   heartbeat  agent->daemon  (no fields): any message renews the agent's lease
 //   done       agent->daemon  (no fields): this node's workers all succeeded
 //   lost       daemon->agent  node: that node's agent vanished or went silent past its lease

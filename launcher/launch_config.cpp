@@ -221,9 +221,6 @@ ParseResult parse_launch_config(const std::vector<std::string>& args) {
   if (config.uses_rendezvous() && config.rdzv_endpoint.empty())
     return UsageError{"--nnodes " + config.nnodes + " with --rdzv-backend " + config.rdzv_backend +
                       " needs --rdzv-endpoint HOST:PORT"};
-  if (config.uses_rendezvous() && config.max_restarts > 0)
-    return UsageError{"--max-restarts with more than one node through the rendezvous is not "
-                      "supported by this version; use --max-restarts 0"};
   if (!config.rdzv_conf.empty()) {
     std::stringstream in(config.rdzv_conf);
     for (std::string item; std::getline(in, item, ',');) {

@@ -144,22 +144,20 @@ int launch(const LaunchConfig& config) {
   boost::asio::io_context io;
   const std::string host = host_name();
   std::unique_ptr<RendezvousServer> embedded;
-  std::unique_ptr<RendezvousClient> rendezvous;
+  nlohmann::json join;
   if (config.uses_rendezvous()) {
     if (config.rdzv_backend == "c10d") embedded = host_embedded_rendezvous(io, config);
-    rendezvous = std::make_unique<RendezvousClient>(io, config.rdzv_endpoint);
-    nlohmann::json join{{"job", config.rdzv_id},
-                        {"node", config.node_name.empty()
-                                     ? host + ":" + std::to_string(::getpid())
-                                     : config.node_name},
-                        {"nproc", plan.slots.size()},
-                        {"master_port", master_port},
-                        {"node_rank", config.node_rank.value_or(-1)},
-                        {"labels", config.topology_labels},
-                        {"min_nodes", config.min_nodes},
-                        {"max_nodes", config.max_nodes},
-                        {"join_timeout_s", config.join_timeout},
-                        {"last_call_timeout_s", config.last_call_timeout}};
+    join = {{"job", config.rdzv_id},
+            {"node", config.node_name.empty() ? host + ":" + std::to_string(::getpid())
+                                              : config.node_name},
+            {"nproc", plan.slots.size()},
+            {"master_port", master_port},
+            {"node_rank", config.node_rank.value_or(-1)},
+            {"labels", config.topology_labels},
+            {"min_nodes", config.min_nodes},
+            {"max_nodes", config.max_nodes},
+            {"join_timeout_s", config.join_timeout},
+            {"last_call_timeout_s", config.last_call_timeout}};
     if (!config.rdzv_token_file.empty()) {
       std::ifstream in(config.rdzv_token_file);
       std::string token;
@@ -167,25 +165,30 @@ int launch(const LaunchConfig& config) {
         return usage_error("--rdzv-token-file " + config.rdzv_token_file + ": cannot read a token");
       join["token"] = token;
     }
+  }
+  /// One rendezvous round: join, then move the plan to its place in the job.
+  auto join_round = [&]() -> std::unique_ptr<RendezvousClient> {
+    auto client = std::make_unique<RendezvousClient>(io, config.rdzv_endpoint);
     spdlog::info("joining job '{}' at {} ({} node(s) expected, up to {} s)", config.rdzv_id,
                  config.rdzv_endpoint, config.nnodes, config.join_timeout);
     // The daemon times the round out itself; our limit only covers a daemon that went silent.
-    auto joined = rendezvous->join(
+    auto joined = client->join(
         join, std::chrono::milliseconds(static_cast<long>(config.join_timeout * 1000)) +
                   kRendezvousConnectTimeout);
     if (auto* failure = std::get_if<std::string>(&joined)) {
       spdlog::error("{}", *failure);
-      return kExitRendezvous;
+      return nullptr;
     }
     const Assignment& assignment = std::get<Assignment>(joined);
     place_in_job(plan, assignment);
-    if (auto interface = interface_for_address(rendezvous->local_address()))
+    if (auto interface = interface_for_address(client->local_address()))
       set_socket_interface(plan, *interface, inherited);
     spdlog::info("node rank {} of {}: ranks {}-{} of {}, MASTER_ADDR={} MASTER_PORT={}",
                  assignment.group_rank, assignment.group_world_size, assignment.rank_offset,
                  assignment.rank_offset + static_cast<int>(plan.slots.size()) - 1,
                  assignment.world_size, assignment.master_addr, assignment.master_port);
-  }
+    return client;
+  };
 
   std::string error;
   RunDirectory run_dir(config, &error);
@@ -195,8 +198,8 @@ int launch(const LaunchConfig& config) {
   }
   PosixProcessControl control;
   WorkerGroup group(io, control, plan, config, inherited);
-  if (rendezvous) {
-    rendezvous->watch([&group](const PeerStop& stop) { group.request_stop(stop.reason, stop.exit_code); });
+  std::unique_ptr<RendezvousClient> rendezvous;
+  if (config.uses_rendezvous()) {
     group.on_first_failure([&](const WorkerOutcome& worker) {
       rendezvous->report_failure("rank " + std::to_string(worker.rank) + " on " + host + " failed with " +
                                      describe_exit(worker.exit_code, worker.signal),
@@ -213,6 +216,13 @@ int launch(const LaunchConfig& config) {
       io.run_one();
   };
   for (int restart_count = 0;; ++restart_count) {
+    // Every attempt of a multi-node job is a fresh round: all nodes restart together.
+    if (config.uses_rendezvous()) {
+      rendezvous.reset();
+      rendezvous = join_round();
+      if (!rendezvous) return kExitRendezvous;
+      rendezvous->watch([&group](const PeerStop& stop) { group.request_stop(stop.reason, stop.exit_code); });
+    }
     AttemptResult result = group.run_attempt(restart_count, run_dir.attempt(restart_count));
     switch (result.end) {
       case AttemptResult::End::kSucceeded:
@@ -221,7 +231,10 @@ int launch(const LaunchConfig& config) {
         return kExitSuccess;
       case AttemptResult::End::kPeerStopped:
         spdlog::error("stopped this node's workers: {}", result.peer_reason);
-        return result.peer_exit_code;
+        if (restart_count >= config.max_restarts) return result.peer_exit_code;
+        spdlog::warn("restarting the worker group with the other nodes ({} of {} restarts)",
+                     restart_count + 1, config.max_restarts);
+        continue;
       case AttemptResult::End::kInterrupted:
         return exit_code_for_signal(result.interrupt_signal);
       case AttemptResult::End::kSpawnFailed:

@@ -30,6 +30,13 @@ bool run_until(asio::io_context& io, const std::function<bool()>& done,
 RendezvousClient::RendezvousClient(asio::io_context& io, std::string endpoint)
     : io_(io), endpoint_(std::move(endpoint)), socket_(io), heartbeat_timer_(io) {}
 
+RendezvousClient::~RendezvousClient() {
+  *alive_ = false;
+  boost::system::error_code ignored;
+  heartbeat_timer_.cancel();
+  socket_.close(ignored);
+}
+
 std::string RendezvousClient::local_address() const {
   boost::system::error_code ec;
   auto local = socket_.local_endpoint(ec);
@@ -74,11 +81,12 @@ std::variant<Assignment, std::string> RendezvousClient::join(nlohmann::json join
   };
   send(join);
   read();
-  if (!run_until(io_, [&] { return reply.has_value() || closed_; }, limit))
+  const bool answered = run_until(io_, [&] { return reply.has_value() || closed_; }, limit);
+  on_message_ = nullptr;  // It refers to this frame's locals.
+  if (!answered)
     return "no rendezvous assignment within " + std::to_string(limit.count() / 1000) + " s";
   if (!reply) return "the rendezvous at " + endpoint_ + " closed the connection";
   const nlohmann::json message = *reply;
-  on_message_ = nullptr;
   if (message["type"] == "lost") return "the rendezvous at " + endpoint_ + " closed the connection";
   if (message["type"] == "error") return "rendezvous: " + message.value("message", std::string("refused"));
   if (message["type"] != "assignment") return "rendezvous: unexpected reply " + message.dump();
@@ -130,7 +138,8 @@ void RendezvousClient::send(const nlohmann::json& message) {
 
 void RendezvousClient::write_next() {
   asio::async_write(socket_, asio::buffer(writes_.front()),
-                    [this](boost::system::error_code ec, size_t) {
+                    [this, alive = alive_](boost::system::error_code ec, size_t) {
+                      if (!*alive) return;
                       if (ec) {
                         closed_ = true;
                         writes_.clear();
@@ -146,7 +155,9 @@ void RendezvousClient::flush(std::chrono::milliseconds limit) {
 }
 
 void RendezvousClient::read() {
-  socket_.async_read_some(asio::buffer(chunk_), [this](boost::system::error_code ec, size_t n) {
+  socket_.async_read_some(asio::buffer(chunk_), [this, alive = alive_](boost::system::error_code ec,
+                                                                      size_t n) {
+    if (!*alive) return;
     if (ec) {
       closed_ = true;
       if (on_message_ && ec != asio::error::operation_aborted)
@@ -181,8 +192,8 @@ void RendezvousClient::heartbeat() {
 void RendezvousClient::beat() {
   send({{"type", "heartbeat"}});
   heartbeat_timer_.expires_after(heartbeat_interval_);
-  heartbeat_timer_.async_wait([this](boost::system::error_code ec) {
-    if (!ec && !closed_) beat();
+  heartbeat_timer_.async_wait([this, alive = alive_](boost::system::error_code ec) {
+    if (*alive && !ec && !closed_) beat();
   });
 }
 

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <string>
 #include <variant>
 
@@ -35,6 +36,10 @@ struct PeerStop {
 class RendezvousClient {
  public:
   RendezvousClient(boost::asio::io_context& io, std::string endpoint);
+  /// Closes the connection; handlers still queued see that the client is gone.
+  ~RendezvousClient();
+  RendezvousClient(const RendezvousClient&) = delete;
+  RendezvousClient& operator=(const RendezvousClient&) = delete;
 
   /// Connects and sends `join`, then waits for the assignment up to `limit`. On failure: one line.
   std::variant<Assignment, std::string> join(nlohmann::json join, std::chrono::milliseconds limit);
@@ -66,6 +71,7 @@ class RendezvousClient {
   std::function<void(const nlohmann::json&)> on_message_;
   bool closed_ = false;
   bool heartbeating_ = false;
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  ///< False once destroyed.
   std::chrono::milliseconds heartbeat_interval_ = kDefaultHeartbeatInterval;
 };
 

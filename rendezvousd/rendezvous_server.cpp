@@ -53,6 +53,7 @@ class AgentSession : public std::enable_shared_from_this<AgentSession> {
 
   const std::string& peer_address() const { return peer_address_; }
   std::string job_id, node;
+  uint64_t generation = 0;
   bool done = false;  ///< The node reported that its workers all succeeded.
 
  private:
@@ -126,6 +127,11 @@ void RendezvousServer::stop() {
     if (job.deadline) job.deadline->cancel();
 }
 
+RendezvousServer::Job* RendezvousServer::job_of(const AgentSession& session) {
+  auto it = jobs_.find(session.job_id);
+  return it != jobs_.end() && it->second.generation == session.generation ? &it->second : nullptr;
+}
+
 bool RendezvousServer::job_finished(const std::string& job_id) const {
   auto it = jobs_.find(job_id);
   return it != jobs_.end() && it->second.finished;
@@ -152,9 +158,9 @@ void RendezvousServer::on_message(const std::shared_ptr<AgentSession>& session,
   const std::string type = message["type"];
   if (type == "join") return handle_join(session, message);
   if (session->job_id.empty()) return session->refuse("'" + type + "' before 'join'");
-  auto it = jobs_.find(session->job_id);
-  if (it == jobs_.end()) return;
-  Job& job = it->second;
+  Job* current = job_of(*session);
+  if (!current) return;  // A message about a round that has been replaced.
+  Job& job = *current;
   if (type == "heartbeat") return;
   if (type == "failed") {
     spdlog::info("job {}: node {} reports a failure; stopping every node", session->job_id,
@@ -212,6 +218,7 @@ void RendezvousServer::handle_join(const std::shared_ptr<AgentSession>& session,
   }
   if (it == jobs_.end()) {
     it = jobs_.emplace(job_id, Job{}).first;
+    it->second.generation = next_generation_++;
     it->second.round = std::make_unique<RendezvousRound>(round, Clock::now());
     it->second.deadline = std::make_unique<asio::steady_timer>(io_);
   }
@@ -221,6 +228,7 @@ void RendezvousServer::handle_join(const std::shared_ptr<AgentSession>& session,
   if (auto error = job.round->join(node, Clock::now()))
     return session->refuse("job " + job_id + ": " + *error);
   session->job_id = job_id;
+  session->generation = job.generation;
   session->node = node.node;
   job.members[node.node] = session;
   // The agent heartbeats at a third of the lease from now on, through the join wait too.
@@ -241,16 +249,13 @@ void RendezvousServer::advance(const std::string& job_id) {
       job.running = true;
       job.deadline->cancel();
       const RoundResult& result = job.round->result();
-      nlohmann::json nodes = nlohmann::json::array();
-      for (const auto& node : result.nodes)
-        nodes.push_back({{"node", node.node}, {"addr", node.addr}, {"group_rank", node.group_rank}});
       for (const auto& node : result.nodes) {
         auto member = job.members[node.node].lock();
         if (!member) continue;
         member->send({{"type", "assignment"}, {"group_rank", node.group_rank},
                       {"group_world_size", result.nodes.size()}, {"world_size", result.world_size},
                       {"rank_offset", node.rank_offset}, {"master_addr", result.master_addr},
-                      {"master_port", result.master_port}, {"nodes", nodes}});
+                      {"master_port", result.master_port}});
       }
       spdlog::info("job {}: round complete, {} nodes, world size {}, master {}:{}", job_id,
                    result.nodes.size(), result.world_size, result.master_addr, result.master_port);
@@ -297,9 +302,9 @@ void RendezvousServer::forget_old_jobs() {
 void RendezvousServer::on_closed(const std::shared_ptr<AgentSession>& session) {
   sessions_.erase(session);
   if (session->job_id.empty()) return;
-  auto it = jobs_.find(session->job_id);
-  if (it == jobs_.end()) return;
-  Job& job = it->second;
+  Job* current = job_of(*session);
+  if (!current) return;
+  Job& job = *current;
   if (job.finished || session->done) return;
   if (!job.running) {
     job.round->leave(session->node);

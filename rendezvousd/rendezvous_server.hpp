@@ -50,6 +50,7 @@ class RendezvousServer {
     std::unique_ptr<RendezvousRound> round;
     std::map<std::string, std::weak_ptr<AgentSession>> members;  ///< node name -> session.
     std::set<std::string> done_nodes;  ///< Nodes whose workers all succeeded.
+    uint64_t generation = 0;           ///< Tells a restarted job from the round it replaced.
     std::unique_ptr<boost::asio::steady_timer> deadline;
     bool running = false;
     bool finished = false;
@@ -61,12 +62,15 @@ class RendezvousServer {
   void broadcast(Job& job, const nlohmann::json& message, const std::string& except_node = "");
   void finish(const std::string& job_id);
   void forget_old_jobs();
+  /// The job a session belongs to, unless that job was replaced by a newer round.
+  Job* job_of(const AgentSession& session);
 
   boost::asio::io_context& io_;
   boost::asio::ip::tcp::acceptor acceptor_;
   ServerSettings settings_;
   std::map<std::string, Job> jobs_;
   std::set<std::shared_ptr<AgentSession>> sessions_;
+  uint64_t next_generation_ = 1;
 };
 
 }  // namespace mcprun

@@ -217,3 +217,17 @@ class Rendezvous(RendezvousTestCase):
             self.assertEqual(code, 0, err)
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(timeout=10)
+
+    def test_a_failure_restarts_every_node_in_a_new_round(self):
+        flaky = ('echo "$GROUP_RANK $TORCHELASTIC_RESTART_COUNT" >> "$MCPRUN_TEST_DIR/attempts"; '
+                 '[ "$TORCHELASTIC_RESTART_COUNT" -ge 1 ] || exit 4')
+        agents = [self.agent(f"n{i}", "--max-restarts", "1", nnodes="2", nproc="1",
+                             extra_env={"BEHAVIOUR_1": flaky,
+                                        "BEHAVIOUR_0": 'echo "$GROUP_RANK $TORCHELASTIC_RESTART_COUNT" >> "$MCPRUN_TEST_DIR/attempts"; '
+                                                       '[ "$TORCHELASTIC_RESTART_COUNT" -ge 1 ] || exec sleep 60'})
+                  for i in range(2)]
+        for code, _, err in self.finish(agents):
+            self.assertEqual(code, 0, err + self.read_log())
+        with open(os.path.join(self.tmp, "attempts")) as f:
+            attempts = sorted(f.read().split("\n")[:-1])
+        self.assertEqual(attempts, ["0 0", "0 1", "1 0", "1 1"])
