@@ -1,6 +1,7 @@
 #include "launcher/rendezvous_client.hpp"
 
 #include <boost/asio/connect.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
 #include <boost/asio/write.hpp>
 #include <optional>
 
@@ -37,28 +38,32 @@ RendezvousClient::~RendezvousClient() {
   socket_.close(ignored);
 }
 
-std::string RendezvousClient::local_address() const {
-  boost::system::error_code ec;
-  auto local = socket_.local_endpoint(ec);
-  return ec ? "" : local.address().to_string();
-}
+std::string RendezvousClient::local_address() const { return local_address_; }
 
-std::variant<Assignment, std::string> RendezvousClient::join(nlohmann::json join,
-                                                            std::chrono::milliseconds limit) {
+std::optional<std::string> RendezvousClient::connect() {
+  boost::system::error_code ec;
+  if (endpoint_.rfind("unix:", 0) == 0) {
+    asio::local::stream_protocol::socket local(io_);
+    local.connect(asio::local::stream_protocol::endpoint(endpoint_.substr(5)), ec);
+    if (ec) return "cannot reach rendezvous at " + endpoint_ + ": " + ec.message();
+    socket_ = asio::generic::stream_protocol::socket(std::move(local));
+    local_address_ = "127.0.0.1";  // The daemon's host is this host.
+    return std::nullopt;
+  }
   auto colon = endpoint_.rfind(':');
   if (colon == std::string::npos || colon == 0)
-    return "--rdzv-endpoint " + endpoint_ + ": expected HOST:PORT";
+    return "--rdzv-endpoint " + endpoint_ + ": expected HOST:PORT or unix:PATH";
   const std::string host = endpoint_.substr(0, colon), port = endpoint_.substr(colon + 1);
-  boost::system::error_code ec;
   tcp::resolver resolver(io_);
   auto addresses = resolver.resolve(host, port, ec);
   if (ec) return "cannot resolve rendezvous endpoint " + endpoint_ + ": " + ec.message();
 
+  tcp::socket socket(io_);
   std::optional<boost::system::error_code> connected;
-  asio::async_connect(socket_, addresses,
+  asio::async_connect(socket, addresses,
                       [&](boost::system::error_code result, const tcp::endpoint&) { connected = result; });
   if (!run_until(io_, [&] { return connected.has_value(); }, kRendezvousConnectTimeout)) {
-    socket_.close(ec);
+    socket.close(ec);
     run_until(io_, [&] { return connected.has_value(); }, std::chrono::seconds(1));
     return "rendezvous endpoint " + endpoint_ + " did not answer within " +
            std::to_string(kRendezvousConnectTimeout.count()) + " s";
@@ -66,7 +71,14 @@ std::variant<Assignment, std::string> RendezvousClient::join(nlohmann::json join
   if (*connected)
     return "cannot reach rendezvous at " + endpoint_ + ": " + connected->message() +
            " (is rendezvousd running there?)";
+  local_address_ = socket.local_endpoint(ec).address().to_string();
+  socket_ = asio::generic::stream_protocol::socket(std::move(socket));
+  return std::nullopt;
+}
 
+std::variant<Assignment, std::string> RendezvousClient::join(nlohmann::json join,
+                                                            std::chrono::milliseconds limit) {
+  if (auto error = connect()) return *error;
   if (!join.contains("addr") || join["addr"].get<std::string>().empty()) join["addr"] = local_address();
   join["type"] = "join";
   std::optional<nlohmann::json> reply;

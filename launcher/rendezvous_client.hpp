@@ -3,6 +3,7 @@
 #pragma once
 
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/generic/stream_protocol.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <nlohmann/json.hpp>
@@ -11,6 +12,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <variant>
 
@@ -32,7 +34,8 @@ struct PeerStop {
   int exit_code = 0;   ///< The exit code this node should end with.
 };
 
-/// One connection to rendezvousd (or the embedded server).
+/// One connection to rendezvousd (or the embedded server): "HOST:PORT", or "unix:PATH" for an
+/// agent on the daemon's own host.
 class RendezvousClient {
  public:
   RendezvousClient(boost::asio::io_context& io, std::string endpoint);
@@ -53,6 +56,8 @@ class RendezvousClient {
   std::string local_address() const;
 
  private:
+  /// Connects over TCP or the unix socket; an error line on failure.
+  std::optional<std::string> connect();
   void send(const nlohmann::json& message);
   void write_next();
   void read();
@@ -63,7 +68,8 @@ class RendezvousClient {
 
   boost::asio::io_context& io_;
   std::string endpoint_;
-  boost::asio::ip::tcp::socket socket_;
+  boost::asio::generic::stream_protocol::socket socket_;  ///< TCP, or a unix socket ("unix:PATH").
+  std::string local_address_;
   boost::asio::steady_timer heartbeat_timer_;
   std::string buffer_;
   std::array<char, 4096> chunk_;

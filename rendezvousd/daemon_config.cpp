@@ -34,6 +34,7 @@ std::optional<std::string> load_daemon_config(const std::string& path, DaemonCon
   };
   const std::map<std::string, std::pair<const char*, Setter>> keys{
       {"listen", {"IP:PORT", [&](const YAML::Node& n) { config.listen = n.as<std::string>(); }}},
+      {"unix_socket", {"a path", [&](const YAML::Node& n) { config.server.unix_socket = n.as<std::string>(); }}},
       {"token_file", {"a path", [&](const YAML::Node& n) { config.token_file = n.as<std::string>(); }}},
       {"lease_s", {"seconds > 0", [&](const YAML::Node& n) {
          config.server.lease = seconds_to_ms(positive(n.as<double>()));

@@ -37,6 +37,9 @@ int main(int argc, char** argv) {
   bool verbose = false;
   app.add_option("--config", config_file, "YAML configuration (see configs/rendezvousd.yaml)");
   app.add_option("--listen", listen, "IP:PORT to listen on (default 0.0.0.0:29400; port 0: any, logged)");
+  std::string unix_socket;
+  app.add_option("--unix-socket", unix_socket, "Also listen on this unix socket for local agents "
+                 "(mcprun --rdzv-endpoint unix:PATH)");
   app.add_option("--token-file", token_file, "File holding the shared token agents must present");
   app.add_option("--lease", lease_s, "Seconds of agent silence before it is lost (default 15)")
       ->check(CLI::PositiveNumber);
@@ -60,6 +63,7 @@ int main(int argc, char** argv) {
   // Flags override the file.
   if (!listen.empty()) config.listen = listen;
   if (!token_file.empty()) config.token_file = token_file;
+  if (!unix_socket.empty()) config.server.unix_socket = unix_socket;
   if (lease_s > 0) config.server.lease = std::chrono::milliseconds(static_cast<long>(lease_s * 1000));
   if (first_message_s > 0)
     config.server.first_message_timeout = std::chrono::milliseconds(static_cast<long>(first_message_s * 1000));
@@ -86,6 +90,8 @@ int main(int argc, char** argv) {
     RendezvousServer server(io, {address, static_cast<unsigned short>(port)}, config.server);
     spdlog::info("listening on {}:{}", server.local_endpoint().address().to_string(),
                  server.local_endpoint().port());
+    if (!config.server.unix_socket.empty())
+      spdlog::info("listening on unix:{}", config.server.unix_socket);
     boost::asio::signal_set stop_signals(io, SIGINT, SIGTERM);
     stop_signals.async_wait([&](boost::system::error_code, int signal) {
       spdlog::info("received signal {}; stopping", signal);

@@ -1,5 +1,7 @@
 #include "rendezvousd/rendezvous_server.hpp"
 
+#include <unistd.h>
+
 #include <boost/asio/write.hpp>
 #include <deque>
 
@@ -14,13 +16,13 @@ using tcp = asio::ip::tcp;
 /// One agent connection: framed reads under a deadline, queued writes.
 class AgentSession : public std::enable_shared_from_this<AgentSession> {
  public:
-  AgentSession(tcp::socket socket, RendezvousServer& server)
-      : socket_(std::move(socket)), deadline_(socket_.get_executor()), server_(server) {
-    boost::system::error_code ec;
-    auto remote = socket_.remote_endpoint(ec);
-    peer_ = ec ? "?" : remote.address().to_string() + ":" + std::to_string(remote.port());
-    peer_address_ = ec ? "" : remote.address().to_string();
-  }
+  AgentSession(asio::generic::stream_protocol::socket socket, RendezvousServer& server,
+               std::string peer, std::string peer_address)
+      : socket_(std::move(socket)),
+        deadline_(socket_.get_executor()),
+        server_(server),
+        peer_(std::move(peer)),
+        peer_address_(std::move(peer_address)) {}
 
   void start() {
     arm_deadline(server_.settings().first_message_timeout);
@@ -46,7 +48,7 @@ class AgentSession : public std::enable_shared_from_this<AgentSession> {
     closed_ = true;
     boost::system::error_code ignored;
     deadline_.cancel();
-    socket_.shutdown(tcp::socket::shutdown_both, ignored);
+    socket_.shutdown(asio::socket_base::shutdown_both, ignored);
     socket_.close(ignored);
     server_.on_closed(shared_from_this());
   }
@@ -101,7 +103,7 @@ class AgentSession : public std::enable_shared_from_this<AgentSession> {
                       });
   }
 
-  tcp::socket socket_;
+  asio::generic::stream_protocol::socket socket_;
   asio::steady_timer deadline_;
   RendezvousServer& server_;
   std::string peer_, peer_address_;
@@ -116,11 +118,20 @@ RendezvousServer::RendezvousServer(asio::io_context& io, const tcp::endpoint& li
                                    ServerSettings settings)
     : io_(io), acceptor_(io, listen, /*reuse_address=*/true), settings_(std::move(settings)) {
   accept();
+  if (!settings_.unix_socket.empty()) {
+    ::unlink(settings_.unix_socket.c_str());  // A stale socket from a previous run.
+    local_acceptor_.emplace(io, asio::local::stream_protocol::endpoint(settings_.unix_socket));
+    accept_local();
+  }
 }
 
 void RendezvousServer::stop() {
   boost::system::error_code ignored;
   acceptor_.close(ignored);
+  if (local_acceptor_) {
+    local_acceptor_->close(ignored);
+    ::unlink(settings_.unix_socket.c_str());
+  }
   auto sessions = sessions_;
   for (const auto& session : sessions) session->close();
   for (auto& [id, job] : jobs_)
@@ -141,16 +152,36 @@ void RendezvousServer::accept() {
   acceptor_.async_accept([this](boost::system::error_code ec, tcp::socket socket) {
     if (ec == asio::error::operation_aborted) return;
     if (!ec) {
-      if (sessions_.size() >= settings_.max_connections) {
-        spdlog::warn("connection limit {} reached; refusing a connection", settings_.max_connections);
-      } else {
-        auto session = std::make_shared<AgentSession>(std::move(socket), *this);
-        sessions_.insert(session);
-        session->start();
-      }
+      boost::system::error_code remote_ec;
+      auto remote = socket.remote_endpoint(remote_ec);
+      const std::string address = remote_ec ? "" : remote.address().to_string();
+      admit(asio::generic::stream_protocol::socket(std::move(socket)),
+            address + ":" + (remote_ec ? "?" : std::to_string(remote.port())), address);
     }
     accept();
   });
+}
+
+void RendezvousServer::accept_local() {
+  local_acceptor_->async_accept(
+      [this](boost::system::error_code ec, asio::local::stream_protocol::socket socket) {
+        if (ec == asio::error::operation_aborted) return;
+        // A local agent's peers reach this host on loopback.
+        if (!ec) admit(asio::generic::stream_protocol::socket(std::move(socket)), "unix", "127.0.0.1");
+        accept_local();
+      });
+}
+
+void RendezvousServer::admit(asio::generic::stream_protocol::socket socket, std::string peer,
+                             std::string peer_address) {
+  if (sessions_.size() >= settings_.max_connections) {
+    spdlog::warn("connection limit {} reached; refusing {}", settings_.max_connections, peer);
+    return;
+  }
+  auto session = std::make_shared<AgentSession>(std::move(socket), *this, std::move(peer),
+                                                std::move(peer_address));
+  sessions_.insert(session);
+  session->start();
 }
 
 void RendezvousServer::on_message(const std::shared_ptr<AgentSession>& session,

@@ -4,11 +4,14 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/generic/stream_protocol.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <map>
+#include <optional>
 #include <memory>
 #include <set>
 #include <string>
@@ -20,6 +23,7 @@ namespace mcprun {
 /// Limits that keep one bad peer from costing more than its own connection.
 struct ServerSettings {
   std::string token;                                  ///< Empty: no authentication.
+  std::string unix_socket;                            ///< Also listen here for local agents.
   std::chrono::milliseconds first_message_timeout{std::chrono::seconds(10)};
   std::chrono::milliseconds lease{std::chrono::seconds(15)};  ///< Silence longer than this: lost.
   size_t max_connections = 8192;
@@ -57,6 +61,9 @@ class RendezvousServer {
     Clock::time_point finished_at;
   };
   void accept();
+  void accept_local();
+  void admit(boost::asio::generic::stream_protocol::socket socket, std::string peer,
+             std::string peer_address);
   void handle_join(const std::shared_ptr<AgentSession>& session, const nlohmann::json& message);
   void advance(const std::string& job_id);
   void broadcast(Job& job, const nlohmann::json& message, const std::string& except_node = "");
@@ -67,6 +74,7 @@ class RendezvousServer {
 
   boost::asio::io_context& io_;
   boost::asio::ip::tcp::acceptor acceptor_;
+  std::optional<boost::asio::local::stream_protocol::acceptor> local_acceptor_;
   ServerSettings settings_;
   std::map<std::string, Job> jobs_;
   std::set<std::shared_ptr<AgentSession>> sessions_;

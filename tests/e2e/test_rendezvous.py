@@ -231,3 +231,22 @@ class Rendezvous(RendezvousTestCase):
         with open(os.path.join(self.tmp, "attempts")) as f:
             attempts = sorted(f.read().split("\n")[:-1])
         self.assertEqual(attempts, ["0 0", "0 1", "1 0", "1 1"])
+
+    def test_local_agents_over_the_unix_socket(self):
+        path = os.path.join(self.tmp, "rendezvousd.sock")
+        log = open(os.path.join(self.tmp, "unix.log"), "w")
+        daemon = subprocess.Popen([RENDEZVOUSD, "--listen", "127.0.0.1:0", "--unix-socket", path],
+                                  stdout=log, stderr=log, start_new_session=True)
+        log.close()
+        self.procs.append(daemon)
+        self.assertTrue(wait_for(lambda: os.path.exists(path), 10), "no unix socket")
+        self.endpoint = "unix:" + path
+        agents = [self.agent(f"n{i}", nnodes="2", nproc="1") for i in range(2)]
+        for code, _, err in self.finish(agents):
+            self.assertEqual(code, 0, err)
+        ranks = self.ranks()
+        self.assertEqual(sorted(ranks), [0, 1])
+        self.assertEqual(ranks[0][3], "127.0.0.1")
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(timeout=10)
+        self.assertFalse(os.path.exists(path), "the daemon should remove its socket on exit")
