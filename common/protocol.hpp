@@ -10,6 +10,7 @@
 //                             of N agents cost N^2 bytes)
 //   heartbeat  agent->daemon  (no fields): any message renews the agent's lease
 //   done       agent->daemon  (no fields): this node's workers all succeeded
+//   membership daemon->agent  node: a node joins a running elastic job; re-join for a new round
 //   lost       daemon->agent  node: that node's agent vanished or went silent past its lease
 //   failed     both ways      job, node, reason: a worker failed; every agent stops its group
 //   error      daemon->agent  message: the request was refused (bad token, timeout, ...)

@@ -215,21 +215,31 @@ int launch(const LaunchConfig& config) {
     while (!embedded->job_finished(config.rdzv_id) && std::chrono::steady_clock::now() < deadline)
       io.run_one();
   };
-  for (int restart_count = 0;; ++restart_count) {
+  bool membership_change = false;
+  for (int attempt = 0, restart_count = 0;; ++attempt, ++restart_count) {
     // Every attempt of a multi-node job is a fresh round: all nodes restart together.
     if (config.uses_rendezvous()) {
       rendezvous.reset();
       rendezvous = join_round();
       if (!rendezvous) return kExitRendezvous;
-      rendezvous->watch([&group](const PeerStop& stop) { group.request_stop(stop.reason, stop.exit_code); });
+      membership_change = false;
+      rendezvous->watch([&](const PeerStop& stop) {
+        membership_change = stop.membership_change;
+        group.request_stop(stop.reason, stop.exit_code);
+      });
     }
-    AttemptResult result = group.run_attempt(restart_count, run_dir.attempt(restart_count));
+    AttemptResult result = group.run_attempt(restart_count, run_dir.attempt(attempt));
     switch (result.end) {
       case AttemptResult::End::kSucceeded:
         if (rendezvous) rendezvous->report_done();
         serve_remaining_nodes(kHostExitBarrierTimeout);
         return kExitSuccess;
       case AttemptResult::End::kPeerStopped:
+        if (membership_change) {  // Scaling up is not a failure and spends no restart.
+          spdlog::warn("{}", result.peer_reason);
+          --restart_count;
+          continue;
+        }
         spdlog::error("stopped this node's workers: {}", result.peer_reason);
         if (restart_count >= config.max_restarts) return result.peer_exit_code;
         spdlog::warn("restarting the worker group with the other nodes ({} of {} restarts)",

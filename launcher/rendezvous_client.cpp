@@ -125,6 +125,10 @@ void RendezvousClient::watch(std::function<void(const PeerStop&)> on_stop) {
       stop_once({"node " + message.value("node", std::string("?")) + ": " +
                      message.value("reason", std::string("a worker failed")),
                  message.value("exit_code", static_cast<int>(kExitFailure))});
+    else if (type == "membership")
+      stop_once({"node " + message.value("node", std::string("?")) +
+                     " joins the job; re-forming the round",
+                 kExitRendezvous, true});
     else if (type == "lost")
       stop_once({message.value("node", std::string("?")) + " was lost (it stopped answering)",
                  kExitRendezvous});

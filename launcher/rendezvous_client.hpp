@@ -32,6 +32,7 @@ using Assignment = JobPlacement;
 struct PeerStop {
   std::string reason;  ///< "node b: rank 3 exited with exit code 7", "node c lost", ...
   int exit_code = 0;   ///< The exit code this node should end with.
+  bool membership_change = false;  ///< A node joins: re-form without spending a restart.
 };
 
 /// One connection to rendezvousd (or the embedded server): "HOST:PORT", or "unix:PATH" for an

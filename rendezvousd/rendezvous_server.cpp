@@ -243,21 +243,43 @@ void RendezvousServer::handle_join(const std::shared_ptr<AgentSession>& session,
     return session->refuse("malformed join: job, node, nproc >= 1 and 1 <= min <= max required");
 
   auto it = jobs_.find(job_id);
-  if (it != jobs_.end() && it->second.finished) {
-    jobs_.erase(it);  // A finished job's id may be reused by a new launch.
-    it = jobs_.end();
+  if (it == jobs_.end() || it->second.finished) {
+    open_round(job_id, round);  // A finished job's id may be reused by a new launch.
+  } else if (it->second.running) {
+    Job& running = it->second;
+    if (running.members.size() >= static_cast<size_t>(running.settings.max_nodes))
+      return session->refuse("job " + job_id + " is running with all " +
+                             std::to_string(running.settings.max_nodes) + " nodes; it admits no new node");
+    // Elastic scale-up: the newcomer opens the next round, and the running nodes re-form into it
+    // at this restart boundary, as torchrun does when nodes are waiting.
+    spdlog::info("job {}: {} asks to join the running round; re-forming with it", job_id, node.node);
+    Job old = std::move(running);
+    open_round(job_id, old.settings);
+    broadcast(old, {{"type", "membership"}, {"node", node.node}});
+    old.deadline->cancel();
   }
-  if (it == jobs_.end()) {
-    it = jobs_.emplace(job_id, Job{}).first;
-    it->second.generation = next_generation_++;
-    it->second.round = std::make_unique<RendezvousRound>(round, Clock::now());
-    it->second.deadline = std::make_unique<asio::steady_timer>(io_);
+  if (!join_round(job_id, session, node)) return;
+  advance(job_id);
+}
+
+RendezvousServer::Job& RendezvousServer::open_round(const std::string& job_id,
+                                                    const RoundSettings& settings) {
+  Job job;
+  job.settings = settings;
+  job.round = std::make_unique<RendezvousRound>(settings, Clock::now());
+  job.deadline = std::make_unique<asio::steady_timer>(io_);
+  job.generation = next_generation_++;
+  return jobs_.insert_or_assign(job_id, std::move(job)).first->second;
+}
+
+bool RendezvousServer::join_round(const std::string& job_id,
+                                  const std::shared_ptr<AgentSession>& session,
+                                  const NodeInfo& node) {
+  Job& job = jobs_.at(job_id);
+  if (auto error = job.round->join(node, Clock::now())) {
+    session->refuse("job " + job_id + ": " + *error);
+    return false;
   }
-  Job& job = it->second;
-  if (job.running)
-    return session->refuse("job " + job_id + " is already running; it admits no new node");
-  if (auto error = job.round->join(node, Clock::now()))
-    return session->refuse("job " + job_id + ": " + *error);
   session->job_id = job_id;
   session->generation = job.generation;
   session->node = node.node;
@@ -267,7 +289,7 @@ void RendezvousServer::handle_join(const std::shared_ptr<AgentSession>& session,
                  {"heartbeat_interval_ms", std::max<long>(50, settings_.lease.count() / 3)}});
   spdlog::info("job {}: {} ({}) joined, {} node(s) so far", job_id, node.node, node.addr,
                job.round->joined());
-  advance(job_id);
+  return true;
 }
 
 void RendezvousServer::advance(const std::string& job_id) {

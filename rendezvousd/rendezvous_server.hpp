@@ -52,6 +52,7 @@ class RendezvousServer {
  private:
   struct Job {
     std::unique_ptr<RendezvousRound> round;
+    RoundSettings settings;            ///< Kept to open the next round with the same rules.
     std::map<std::string, std::weak_ptr<AgentSession>> members;  ///< node name -> session.
     std::set<std::string> done_nodes;  ///< Nodes whose workers all succeeded.
     uint64_t generation = 0;           ///< Tells a restarted job from the round it replaced.
@@ -64,6 +65,11 @@ class RendezvousServer {
   void accept_local();
   void admit(boost::asio::generic::stream_protocol::socket socket, std::string peer,
              std::string peer_address);
+  /// Opens a fresh round of `job_id`, replacing whatever round it had.
+  Job& open_round(const std::string& job_id, const RoundSettings& settings);
+  /// Joins `node` into the current round of `job_id`; false (and the session refused) on error.
+  bool join_round(const std::string& job_id, const std::shared_ptr<AgentSession>& session,
+                  const NodeInfo& node);
   void handle_join(const std::shared_ptr<AgentSession>& session, const nlohmann::json& message);
   void advance(const std::string& job_id);
   void broadcast(Job& job, const nlohmann::json& message, const std::string& except_node = "");

@@ -250,3 +250,24 @@ class Rendezvous(RendezvousTestCase):
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(timeout=10)
         self.assertFalse(os.path.exists(path), "the daemon should remove its socket on exit")
+
+    def test_elastic_job_admits_a_late_node_at_a_restart_boundary(self):
+        # Alone, the first node runs with WORLD_SIZE=1 and waits; a second node joining re-forms
+        # the job into a round of two, which spends no restart.
+        behaviour = ('echo "$WORLD_SIZE $TORCHELASTIC_RESTART_COUNT" >> "$MCPRUN_TEST_DIR/attempts.$GROUP_RANK"; '
+                     '[ "$WORLD_SIZE" = 2 ] || exec sleep 60')
+        extra = {"BEHAVIOUR_0": behaviour, "BEHAVIOUR_1": behaviour}
+        first = self.agent("n0", "--rdzv-conf", "last_call_timeout=0.5", nnodes="1:2", nproc="1",
+                           extra_env=extra)
+        self.assertTrue(wait_for(lambda: self.files("attempts."), 20), "the first round did not run")
+        second = self.agent("n1", "--rdzv-conf", "last_call_timeout=0.5", nnodes="1:2", nproc="1",
+                            extra_env=extra)
+        results = self.finish([first, second])
+        for code, _, err in results:
+            self.assertEqual(code, 0, err + self.read_log())
+        self.assertIn("n1 joins the job; re-forming the round", results[0][2])
+        lines = []
+        for name in self.files("attempts."):
+            with open(os.path.join(self.tmp, name)) as f:
+                lines += f.read().split("\n")[:-1]
+        self.assertEqual(sorted(lines), ["1 0", "2 0", "2 0"])
