@@ -2,7 +2,8 @@
 //
 // A frame is a 4-byte big-endian payload length followed by that many bytes of UTF-8 JSON. Every
 // payload is an object {"v": kProtocolVersion, "type": "<message>", ...}. Messages:
-//   join       agent->daemon  job, node, addr, nproc, labels{}, gpus[], token, node_rank (-1: any),
+//   join       agent->daemon  job, node, addr, nproc, labels{}, token, node_rank (-1: any),
+//                             gpus[{local_rank, bus_id, numa_node, switch, uuid}] (logged),
 //                             min_nodes, max_nodes, join_timeout_s, last_call_timeout_s
 //   joined     daemon->agent  heartbeat_interval_ms: the join was accepted; heartbeat this often
 //   assignment daemon->agent  round, group_rank, group_world_size, world_size, rank_offset,

@@ -106,6 +106,17 @@ std::unique_ptr<RendezvousServer> host_embedded_rendezvous(boost::asio::io_conte
   }
 }
 
+/// This node's pinned GPUs in local-rank order, as the rendezvous learns them with the join.
+nlohmann::json gpu_topology(const RankPlan& plan) {
+  nlohmann::json gpus = nlohmann::json::array();
+  for (const RankSlot& slot : plan.slots)
+    if (const auto& gpu = slot.identity.gpu)
+      gpus.push_back({{"local_rank", slot.identity.local_rank}, {"bus_id", gpu->bus_id},
+                      {"numa_node", gpu->numa_node}, {"switch", gpu->switch_id()},
+                      {"uuid", gpu->uuid}});
+  return gpus;
+}
+
 int show_topology() {
   std::vector<GpuDevice> gpus = discover_gpus();
   annotate_with_nvml(gpus);
@@ -154,6 +165,7 @@ int launch(const LaunchConfig& config) {
             {"master_port", master_port},
             {"node_rank", config.node_rank.value_or(-1)},
             {"labels", config.topology_labels},
+            {"gpus", gpu_topology(plan)},
             {"min_nodes", config.min_nodes},
             {"max_nodes", config.max_nodes},
             {"join_timeout_s", config.join_timeout},

@@ -20,6 +20,7 @@ struct NodeInfo {
   int master_port = 0;                        ///< The port it reserved, used if it becomes rank 0.
   std::map<std::string, std::string> labels;  ///< Topology labels such as rack=r1,switch=s3.
   int requested_rank = -1;                    ///< An explicit --node-rank, or -1.
+  int gpu_count = 0;                          ///< GPUs the node pinned, for the operator's log.
 };
 
 /// When a round completes; torchrun's rdzv-conf keys with shorter, finite defaults.

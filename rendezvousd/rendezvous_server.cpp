@@ -229,6 +229,8 @@ void RendezvousServer::handle_join(const std::shared_ptr<AgentSession>& session,
     node.addr = message.value("addr", std::string());
     if (node.addr.empty()) node.addr = session->peer_address();
     node.labels = message.value("labels", std::map<std::string, std::string>{});
+    if (auto gpus = message.find("gpus"); gpus != message.end() && gpus->is_array())
+      node.gpu_count = static_cast<int>(gpus->size());
     round.min_nodes = message.at("min_nodes").get<int>();
     round.max_nodes = message.at("max_nodes").get<int>();
     round.join_timeout = std::chrono::milliseconds(
@@ -287,8 +289,8 @@ bool RendezvousServer::join_round(const std::string& job_id,
   // The agent heartbeats at a third of the lease from now on, through the join wait too.
   session->send({{"type", "joined"},
                  {"heartbeat_interval_ms", std::max<long>(50, settings_.lease.count() / 3)}});
-  spdlog::info("job {}: {} ({}) joined, {} node(s) so far", job_id, node.node, node.addr,
-               job.round->joined());
+  spdlog::info("job {}: {} ({}, {} worker(s), {} GPU(s)) joined, {} node(s) so far", job_id,
+               node.node, node.addr, node.nproc, node.gpu_count, job.round->joined());
   return true;
 }
 

@@ -92,7 +92,7 @@ class Rendezvous(RendezvousTestCase):
         self.assertEqual([ranks[r][1] for r in range(6)], [0, 0, 1, 1, 2, 2])
         self.assertEqual({ranks[r][2] for r in range(6)}, {6})
         self.assertEqual(len({(ranks[r][3], ranks[r][4]) for r in range(6)}), 1)
-        self.assertIn("job job1: c (127.0.0.1) joined", self.read_log())
+        self.assertIn("job job1: c (127.0.0.1, 2 worker(s), 0 GPU(s)) joined", self.read_log())
 
     def test_join_timeout_names_who_joined(self):
         agents = [self.agent(f"n{i}", "--rdzv-conf", "join_timeout=2") for i in range(2)]
@@ -271,3 +271,20 @@ class Rendezvous(RendezvousTestCase):
             with open(os.path.join(self.tmp, name)) as f:
                 lines += f.read().split("\n")[:-1]
         self.assertEqual(sorted(lines), ["1 0", "2 0", "2 0"])
+
+
+class StaticBackend(LauncherTestCase):
+    def test_two_nodes_with_node_rank_and_master_need_no_rendezvous(self):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        agents = [self.start("--nnodes", "2", "--node-rank", str(i), "-n", "2", "--master-addr",
+                             "127.0.0.1", "--master-port", str(port),
+                             os.path.join(REPO, "examples/ddp_train.py")) for i in range(2)]
+        out = ""
+        for proc in agents:
+            o, err = proc.communicate(timeout=120)
+            self.assertEqual(proc.returncode, 0, err)
+            out += o
+        for rank in range(4):
+            self.assertIn(f"[rank{rank}]:rank {rank}/4 local_rank {rank % 2}: done, replicas in sync", out)
