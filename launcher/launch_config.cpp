@@ -150,6 +150,13 @@ ParseResult parse_launch_config(const std::vector<std::string>& args) {
   add("local-addr", config.local_addr, "Address of this node; used as MASTER_ADDR when given");
   add("term-timeout", config.term_timeout, "Seconds between SIGTERM and SIGKILL when stopping")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--timeout", config.job_timeout,
+                 "Wall-clock limit in seconds for the whole job, restarts included (0: none); "
+                 "on expiry the group is stopped and mcprun exits 124")
+      ->check(CLI::NonNegativeNumber);
+  app.add_flag("--nccl-debug", config.nccl_debug,
+               "Set NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=INIT,NET and TORCH_DISTRIBUTED_DEBUG=DETAIL "
+               "for every worker");
   flag("dry-run", config.dry_run, "Print each rank's GPU, CPUs, environment and argv; start nothing");
   flag("no-pin", config.no_pin, "Leave CUDA_VISIBLE_DEVICES alone (allows more ranks than GPUs)");
   add("gpus", gpus_text, "Use only these GPUs (CUDA_VISIBLE_DEVICES syntax: indices or UUIDs)");

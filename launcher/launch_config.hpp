@@ -56,6 +56,8 @@ struct LaunchConfig {
   std::optional<std::set<int>> local_ranks_filter;  ///< nullopt: every rank on the console.
   std::string local_addr;
   double term_timeout = 10.0;           ///< Seconds between SIGTERM and SIGKILL when stopping.
+  double job_timeout = 0;               ///< --timeout: wall-clock limit for the whole job; 0 = none.
+  bool nccl_debug = false;              ///< --nccl-debug: NCCL/torch distributed debug logging.
   bool dry_run = false;
   bool no_pin = false;
   std::optional<std::string> gpus;      ///< --gpus subset, CUDA_VISIBLE_DEVICES syntax.

@@ -210,6 +210,18 @@ int launch(const LaunchConfig& config) {
   }
   PosixProcessControl control;
   WorkerGroup group(io, control, plan, config, inherited);
+  // --timeout: one deadline for the whole job, across rounds and restarts.
+  bool timed_out = false;
+  boost::asio::steady_timer job_deadline(io);
+  if (config.job_timeout > 0) {
+    job_deadline.expires_after(std::chrono::milliseconds(static_cast<long>(config.job_timeout * 1000)));
+    job_deadline.async_wait([&](boost::system::error_code ec) {
+      if (ec) return;
+      timed_out = true;
+      group.request_stop(fmt::format("the job ran past --timeout {} s", config.job_timeout),
+                         kExitJobTimeout);
+    });
+  }
   std::unique_ptr<RendezvousClient> rendezvous;
   if (config.uses_rendezvous()) {
     group.on_first_failure([&](const WorkerOutcome& worker) {
@@ -247,6 +259,11 @@ int launch(const LaunchConfig& config) {
         serve_remaining_nodes(kHostExitBarrierTimeout);
         return kExitSuccess;
       case AttemptResult::End::kPeerStopped:
+        if (timed_out) {
+          spdlog::error("stopped every worker: {}", result.peer_reason);
+          if (rendezvous) rendezvous->report_failure("the job timed out on " + host, kExitJobTimeout);
+          return kExitJobTimeout;
+        }
         if (membership_change) {  // Scaling up is not a failure and spends no restart.
           spdlog::warn("{}", result.peer_reason);
           --restart_count;

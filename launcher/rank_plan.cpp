@@ -134,6 +134,10 @@ std::variant<RankPlan, UsageError> build_rank_plan(const LaunchConfig& config,
   }
   if (config.bind == LaunchConfig::CpuBind::kNuma && !plan.pinned)
     plan.warnings.push_back("--bind numa has no effect without pinned GPUs");
+  if (config.nccl_debug)
+    plan.extra_env.insert({{"NCCL_DEBUG", "INFO"},
+                           {"NCCL_DEBUG_SUBSYS", "INIT,NET"},
+                           {"TORCH_DISTRIBUTED_DEBUG", "DETAIL"}});
   auto env_warnings = environment_warnings(plan.job, inherited);
   plan.warnings.insert(plan.warnings.end(), env_warnings.begin(), env_warnings.end());
   return plan;
@@ -182,10 +186,11 @@ std::string format_rank_plan(const RankPlan& plan, const Environment& inherited)
     out << "local rank " << worker.local_rank << " (rank " << worker.rank << ")\n"
         << "  gpu:  " << (worker.gpu ? describe_gpu(*worker.gpu) : "none") << "\n"
         << "  cpus: " << format_cpus(slot.cpus) << "\n  env:\n";
-    for (const auto& [name, value] :
-         worker_env_delta(plan.job, worker, 0, "<run dir>/attempt_0/" +
-                          std::to_string(worker.local_rank) + "/error.json", inherited))
-      out << "    " << name << "=" << value << "\n";
+    Environment delta = worker_env_delta(plan.job, worker, 0, "<run dir>/attempt_0/" +
+                                         std::to_string(worker.local_rank) + "/error.json",
+                                         inherited);
+    delta.insert(plan.extra_env.begin(), plan.extra_env.end());
+    for (const auto& [name, value] : delta) out << "    " << name << "=" << value << "\n";
     std::vector<std::string> quoted;
     for (const auto& arg : plan.argv) quoted.push_back(quote_arg(arg));
     out << "  argv: " << join(quoted, " ") << "\n";

@@ -185,6 +185,16 @@ with open(os.path.join(os.environ["MCPRUN_TEST_DIR"], "probe.%s" % os.environ["L
             self.assertLessEqual(len(info["fds"]), 4)  # 0-2 plus the listing's own fd
 
 
+    def test_job_timeout_stops_the_group_with_its_own_exit_code(self):
+        proc = self.shell("--timeout", "1", "--term-timeout", "1", nproc=2)
+        started = time.monotonic()
+        _, err = proc.communicate(timeout=30)
+        self.assertEqual(proc.returncode, 124, err)
+        self.assertLess(time.monotonic() - started, 5)
+        self.assertIn("the job ran past --timeout 1 s", err)
+        self.assertEqual([p for p in self.pids() if alive(p)], [])
+
+
 class OutputAndLogs(LauncherTestCase):
     def test_prefix_filter_and_log_dir(self):
         logs = os.path.join(self.tmp, "logs")
@@ -265,4 +275,8 @@ class BadInput(LauncherTestCase):
         self.assertIn("local rank 1 (rank 1)", out)
         self.assertIn("WORLD_SIZE=2", out)
         self.assertIn(f"-u {script} --lr 1", out)
+        code, out, err = self.run_mcprun("-n", "1", "--nccl-debug", "--dry-run", script)
+        self.assertEqual(code, 0, err)
+        for line in ("NCCL_DEBUG=INFO", "NCCL_DEBUG_SUBSYS=INIT,NET", "TORCH_DISTRIBUTED_DEBUG=DETAIL"):
+            self.assertIn(line, out)
         self.assertEqual(self.files("ran"), [])
