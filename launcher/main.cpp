@@ -8,6 +8,7 @@
 #include <fstream>
 #include <iostream>
 
+#include "common/event_loop.hpp"
 #include "common/exit_status.hpp"
 #include "common/logging.hpp"
 #include "common/topology.hpp"
@@ -232,12 +233,7 @@ int launch(const LaunchConfig& config) {
   }
   // The host of an embedded rendezvous serves the others until their jobs are over too.
   auto serve_remaining_nodes = [&](std::chrono::seconds limit) {
-    if (!embedded) return;
-    const auto deadline = std::chrono::steady_clock::now() + limit;
-    boost::asio::steady_timer timer(io, limit);
-    timer.async_wait([](boost::system::error_code) {});
-    while (!embedded->job_finished(config.rdzv_id) && std::chrono::steady_clock::now() < deadline)
-      io.run_one();
+    if (embedded) run_until(io, [&] { return embedded->job_finished(config.rdzv_id); }, limit);
   };
   bool membership_change = false;
   for (int attempt = 0, restart_count = 0;; ++attempt, ++restart_count) {

@@ -5,6 +5,7 @@
 #include <boost/asio/write.hpp>
 #include <optional>
 
+#include "common/event_loop.hpp"
 #include "common/exit_status.hpp"
 #include "common/logging.hpp"
 #include "common/protocol.hpp"
@@ -14,19 +15,6 @@ namespace mcprun {
 namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
 
-namespace {
-
-/// Runs the loop until `done()` or the time limit; returns done().
-bool run_until(asio::io_context& io, const std::function<bool()>& done,
-               std::chrono::steady_clock::duration limit) {
-  auto expired = std::make_shared<bool>(false);
-  asio::steady_timer timer(io, limit);
-  timer.async_wait([expired](boost::system::error_code ec) { *expired = !ec; });
-  while (!done() && !*expired) io.run_one();
-  return done();
-}
-
-}  // namespace
 
 RendezvousClient::RendezvousClient(asio::io_context& io, std::string endpoint)
     : io_(io), endpoint_(std::move(endpoint)), socket_(io), heartbeat_timer_(io) {}

@@ -2,8 +2,8 @@
 
 #include <signal.h>
 
-#include <boost/asio/steady_timer.hpp>
 
+#include "common/event_loop.hpp"
 #include "common/exit_status.hpp"
 #include "common/logging.hpp"
 
@@ -92,11 +92,7 @@ size_t WorkerGroup::running_count() const {
 
 bool WorkerGroup::run_until(const std::function<bool()>& done,
                             std::chrono::steady_clock::duration limit) {
-  // Shared with the handler, which may run after this frame is gone.
-  auto expired = std::make_shared<bool>(false);
-  boost::asio::steady_timer timer(io_, limit);
-  timer.async_wait([expired](boost::system::error_code ec) { *expired = !ec; });
-  while (!done() && !*expired && !escalate_) io_.run_one();
+  mcprun::run_until(io_, [&] { return done() || escalate_; }, limit);
   return done();
 }
 
