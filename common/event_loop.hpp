@@ -14,6 +14,7 @@ namespace mcprun {
 inline bool run_until(boost::asio::io_context& io, const std::function<bool()>& done,
                       std::chrono::steady_clock::duration limit) {
   // Shared with the handler, which may run after this frame is gone.
+  if (io.stopped()) io.restart();  // A loop that once ran out of work would not run again.
   auto expired = std::make_shared<bool>(false);
   boost::asio::steady_timer timer(io, limit);
   timer.async_wait([expired](boost::system::error_code ec) { *expired = !ec; });

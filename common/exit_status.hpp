@@ -8,8 +8,9 @@ enum ExitStatus : int {
   kExitSuccess = 0,
   kExitFailure = 1,      ///< A launcher-side failure that is not the user's input (e.g. spawn failed).
   kExitUsage = 2,        ///< Bad flags or input: one line on stderr says which.
-  kExitRendezvous = 75,
-  kExitJobTimeout = 124, ///< --timeout passed before the job ended (as timeout(1) reports it).  ///< Rendezvous failed or a node was lost (EX_TEMPFAIL: retrying may work).
+  kExitStalled = 3,      ///< A stall watchdog fired (init barrier, timer, heartbeat, barrier, silence).
+  kExitRendezvous = 75,  ///< Rendezvous failed or a node was lost (EX_TEMPFAIL: retrying may work).
+  kExitJobTimeout = 124, ///< --timeout passed before the job ended (as timeout(1) reports it).
   kExitSignalBase = 128  ///< 128 + N: a worker died of signal N, or mcprun was interrupted by N.
 };
 

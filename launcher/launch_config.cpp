@@ -86,7 +86,8 @@ ParseResult parse_launch_config(const std::vector<std::string>& args) {
       "mcprun: a native drop-in for torchrun. Spawns one fresh process per worker, pins each to\n"
       "one GPU in topology order, supervises the group and stops all of it on the first failure.\n\n"
       "usage: mcprun [flags] SCRIPT [ARGS...]    (ARGS pass through untouched)\n"
-      "       mcprun topo                         (GPUs found and the rank mapping a launch uses)",
+      "       mcprun topo                         (GPUs found and the rank mapping a launch uses)\n"
+      "       mcprun store [--port N]             (a standalone c10d TCPStore server)",
       "mcprun"};
   app.prefix_command();  // Everything from the script on belongs to the script.
   app.option_defaults()->always_capture_default();
@@ -153,6 +154,18 @@ ParseResult parse_launch_config(const std::vector<std::string>& args) {
   app.add_option("--timeout", config.job_timeout,
                  "Wall-clock limit in seconds for the whole job, restarts included (0: none); "
                  "on expiry the group is stopped and mcprun exits 124")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--init-timeout", config.stall.init_timeout,
+                 "Seconds for every rank to pass init_process_group's barrier, from the start of "
+                 "each attempt; a rank missing then is a stall (exit 3). 0: off")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--heartbeat-timeout", config.stall.heartbeat_timeout,
+                 "Seconds without mcprun.heartbeat() from a rank that has called it before; "
+                 "longer is a stall. Ranks that never call it are not watched. 0: off")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--silence-timeout", config.stall.silence_timeout,
+                 "Seconds without a line of output from a rank that count as a stall, for "
+                 "scripts with no hooks. 0: off")
       ->check(CLI::NonNegativeNumber);
   app.add_flag("--nccl-debug", config.nccl_debug,
                "Set NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=INIT,NET and TORCH_DISTRIBUTED_DEBUG=DETAIL "

@@ -10,6 +10,13 @@
 
 namespace mcprun {
 
+/// The stall watchdogs' limits, in seconds.
+struct StallSettings {
+  double init_timeout = 120;      ///< --init-timeout: the whole world past the init barrier.
+  double heartbeat_timeout = 300; ///< --heartbeat-timeout: for ranks that called heartbeat().
+  double silence_timeout = 0;     ///< --silence-timeout: no output for this long; 0 = off.
+};
+
 /// Which of a worker's streams go to files only (redirect) or to files and console (tee).
 /// Bit 1 is stdout and bit 2 is stderr, as in torchrun's "0|1|2|3" and "rank:value" maps.
 struct StreamSpec {
@@ -58,6 +65,7 @@ struct LaunchConfig {
   double term_timeout = 10.0;           ///< Seconds between SIGTERM and SIGKILL when stopping.
   double job_timeout = 0;               ///< --timeout: wall-clock limit for the whole job; 0 = none.
   bool nccl_debug = false;              ///< --nccl-debug: NCCL/torch distributed debug logging.
+  StallSettings stall;                  ///< --init-timeout, --heartbeat-timeout, --silence-timeout.
   bool dry_run = false;
   bool no_pin = false;
   std::optional<std::string> gpus;      ///< --gpus subset, CUDA_VISIBLE_DEVICES syntax.

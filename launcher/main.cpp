@@ -16,6 +16,9 @@
 #include "launcher/port_reservation.hpp"
 #include "launcher/rank_plan.hpp"
 #include "launcher/rendezvous_client.hpp"
+#include "launcher/stall_report.hpp"
+#include "launcher/stall_watch.hpp"
+#include "launcher/store_command.hpp"
 #include "launcher/worker_group.hpp"
 #include "rendezvousd/rendezvous_server.hpp"
 
@@ -39,7 +42,7 @@ class RunDirectory {
   RunDirectory(const LaunchConfig& config, std::string* error) {
     const bool streams_to_files = config.redirects.all || config.tee.all ||
                                   !config.redirects.per_rank.empty() || !config.tee.per_rank.empty();
-    keep_ = !config.log_dir.empty() || streams_to_files;
+    keep_ = !config.log_dir.empty() || streams_to_files || config.nccl_debug;
     std::filesystem::path parent = config.log_dir;
     if (parent.empty()) {
       const char* tmp = std::getenv("TMPDIR");
@@ -57,15 +60,33 @@ class RunDirectory {
   }
   ~RunDirectory() {
     std::error_code ec;
+    if (!runtime_.empty()) std::filesystem::remove_all(runtime_, ec);
     if (!keep_ && !path_.empty()) std::filesystem::remove_all(path_, ec);
   }
   AttemptFiles attempt(int restart_count) const {
     return {path_ / ("attempt_" + std::to_string(restart_count)), keep_};
   }
   bool ok() const { return !path_.empty(); }
+  const std::filesystem::path& path() const { return path_; }
+  /// Keeps the folder after all: it holds a stall's report and stack dumps.
+  void keep() {
+    if (!keep_) spdlog::info("keeping this run's files: {}", path_.string());
+    keep_ = true;
+  }
+  /// Where the FileTimer pipe and the helper's socket live: a unix socket path must stay short.
+  std::filesystem::path runtime_dir() {
+    if ((path_ / "agent.sock").string().size() < kUnixPathLimit) return path_;
+    if (runtime_.empty()) {
+      std::string pattern = "/tmp/mcprun_rt_XXXXXX";
+      if (::mkdtemp(pattern.data()) != nullptr) runtime_ = pattern;
+    }
+    return runtime_;
+  }
 
  private:
+  static constexpr size_t kUnixPathLimit = 100;  ///< sun_path holds 108 bytes.
   std::filesystem::path path_;
+  std::filesystem::path runtime_;
   bool keep_ = false;
 };
 
@@ -116,6 +137,53 @@ nlohmann::json gpu_topology(const RankPlan& plan) {
                       {"numa_node", gpu->numa_node}, {"switch", gpu->switch_id()},
                       {"uuid", gpu->uuid}});
   return gpus;
+}
+
+/// How long a stalled node waits for the other nodes' views of their ranks.
+constexpr std::chrono::seconds kStallReportTimeout{5};
+
+/// The python helper (import mcprun) next to the binary: <prefix>/share/mcprun/python, which
+/// the build tree mirrors.
+std::optional<std::filesystem::path> python_helper_dir() {
+  std::error_code ec;
+  const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return std::nullopt;
+  auto dir = exe.parent_path().parent_path() / "share" / "mcprun" / "python";
+  if (!std::filesystem::exists(dir / "mcprun" / "__init__.py", ec)) return std::nullopt;
+  return dir;
+}
+
+/// The job store's listening socket on MASTER_PORT: the socket mcprun reserved when it holds
+/// that port, else a fresh bind (a --master-port the user chose).
+std::optional<boost::asio::ip::tcp::acceptor> store_acceptor(
+    boost::asio::io_context& io, int port, std::optional<PortReservation>& reservation,
+    std::string* error) {
+  namespace ip = boost::asio::ip;
+  ip::tcp::acceptor acceptor(io);
+  boost::system::error_code ec;
+  if (reservation && reservation->port() == port) {
+    acceptor.assign(ip::tcp::v4(), reservation->take_socket().release(), ec);
+    reservation.reset();
+  } else {
+    acceptor.open(ip::tcp::v4(), ec);
+    if (!ec) acceptor.set_option(ip::tcp::acceptor::reuse_address(true), ec);
+    if (!ec) acceptor.bind({ip::tcp::v4(), static_cast<unsigned short>(port)}, ec);
+  }
+  if (!ec) acceptor.listen(ip::tcp::socket::max_listen_connections, ec);
+  if (ec) {
+    *error = fmt::format("cannot serve the job store on MASTER_PORT {}: {}", port, ec.message());
+    return std::nullopt;
+  }
+  return acceptor;
+}
+
+/// Points a failure or stall report at each rank's NCCL log, under --nccl-debug.
+void name_nccl_logs(const LaunchConfig& config, const AttemptResult& result, const AttemptFiles& files) {
+  if (!config.nccl_debug) return;
+  std::fputs("NCCL debug logs (--nccl-debug):\n", stderr);
+  for (const WorkerOutcome& worker : result.workers)
+    std::fprintf(stderr, "  rank %d: %s\n", worker.rank,
+                 nccl_log_pattern(files.attempt_dir / std::to_string(worker.local_rank)).c_str());
 }
 
 int show_topology() {
@@ -209,6 +277,30 @@ int launch(const LaunchConfig& config) {
     spdlog::error("{}", error);
     return kExitFailure;
   }
+  StallWatch watch(io, config.stall, host, run_dir.runtime_dir());
+  for (auto& [name, value] : watch.worker_env()) plan.extra_env[name] = value;
+  if (auto helper = python_helper_dir()) {
+    auto inherited_path = inherited.find("PYTHONPATH");
+    plan.extra_env["PYTHONPATH"] = helper->string() + (inherited_path == inherited.end()
+                                                           ? ""
+                                                           : ":" + inherited_path->second);
+  }
+  // The master node serves the job store; every rank's env:// init is its client.
+  auto serve_store_if_master = [&]() -> bool {
+    if (plan.job.group_rank != 0) {
+      watch.stop_hosting_store();
+      return true;
+    }
+    if (watch.hosts_store()) return true;
+    auto acceptor = store_acceptor(io, plan.job.master_port, reservation, &error);
+    if (!acceptor) {
+      spdlog::error("{}", error);
+      return false;
+    }
+    watch.host_store(std::move(*acceptor));
+    return true;
+  };
+
   PosixProcessControl control;
   WorkerGroup group(io, control, plan, config, inherited);
   // --timeout: one deadline for the whole job, across rounds and restarts.
@@ -231,6 +323,19 @@ int launch(const LaunchConfig& config) {
                                  exit_code_for(worker));
     });
   }
+  // A stall: this node's ranks are diagnosed before their stacks are dumped, and every other
+  // node hears of them at once, so each node's report covers the whole job.
+  std::vector<RankProgress> stall_ranks;
+  std::set<std::string> reported_nodes;
+  group.on_stall([&](const StallNotice& notice, const std::vector<WorkerStatus>& workers) {
+    std::vector<RankProgress> local = watch.diagnose(notice, workers);
+    if (rendezvous) {
+      nlohmann::json ranks = nlohmann::json::array();
+      for (const RankProgress& rank : local) ranks.push_back(to_json(rank));
+      rendezvous->send({{"type", "stall_report"}, {"ranks", ranks}});
+    }
+    stall_ranks.insert(stall_ranks.end(), local.begin(), local.end());
+  });
   // The host of an embedded rendezvous serves the others until their jobs are over too.
   auto serve_remaining_nodes = [&](std::chrono::seconds limit) {
     if (embedded) run_until(io, [&] { return embedded->job_finished(config.rdzv_id); }, limit);
@@ -243,17 +348,79 @@ int launch(const LaunchConfig& config) {
       rendezvous = join_round();
       if (!rendezvous) return kExitRendezvous;
       membership_change = false;
-      rendezvous->watch([&](const PeerStop& stop) {
+      PeerEvents events;
+      events.on_stop = [&](const PeerStop& stop) {
         membership_change = stop.membership_change;
         group.request_stop(stop.reason, stop.exit_code);
-      });
+      };
+      events.on_stall = [&](const nlohmann::json& message) {
+        try {
+          group.request_stall(stall_notice_from_json(message));
+        } catch (const std::exception& bad) {
+          spdlog::error("node {} sent a malformed stall notice ({}); stopping as stalled anyway",
+                        message.value("node", std::string("?")), bad.what());
+          StallNotice unknown;
+          unknown.what = "a stall on node " + message.value("node", std::string("?"));
+          group.request_stall(unknown);
+        }
+      };
+      events.on_stall_report = [&](const nlohmann::json& message) {
+        reported_nodes.insert(message.value("node", std::string("?")));
+        try {
+          for (const auto& rank : message.at("ranks")) stall_ranks.push_back(rank_progress_from_json(rank));
+        } catch (const std::exception& bad) {
+          spdlog::warn("node {} sent a malformed stall report: {}", message.value("node", std::string("?")),
+                       bad.what());
+        }
+      };
+      events.on_barrier_done = [&](const std::string& name) { watch.complete_barrier(name); };
+      rendezvous->watch(std::move(events));
     }
+    if (!serve_store_if_master()) return kExitFailure;
+    stall_ranks.clear();
+    reported_nodes.clear();
+    StallHooks hooks;
+    hooks.on_stall = [&](const StallNotice& notice) {
+      spdlog::error("stall: {}", notice.what);
+      if (rendezvous) {
+        nlohmann::json message = to_json(notice);
+        message["type"] = "stall";
+        rendezvous->send(message);
+      }
+      group.request_stall(notice);
+    };
+    hooks.workers = [&] { return group.status(); };
+    if (rendezvous)
+      hooks.forward_barrier_arrival = [&](const std::string& name, int rank) {
+        rendezvous->send({{"type", "barrier"}, {"name", name}, {"rank", rank}});
+      };
+    watch.begin_attempt(restart_count, plan.job.world_size, plan.job.master_port, std::move(hooks));
     AttemptResult result = group.run_attempt(restart_count, run_dir.attempt(attempt));
+    watch.end_attempt();
     switch (result.end) {
       case AttemptResult::End::kSucceeded:
         if (rendezvous) rendezvous->report_done();
         serve_remaining_nodes(kHostExitBarrierTimeout);
         return kExitSuccess;
+      case AttemptResult::End::kStalled: {
+        // The other nodes sent their ranks before dumping stacks; a node that died says nothing.
+        const size_t other_nodes = static_cast<size_t>(plan.job.group_world_size - 1);
+        run_until(io, [&] { return reported_nodes.size() >= other_nodes; }, kStallReportTimeout);
+        run_dir.keep();
+        const std::string report = format_stall_report(*result.stall, stall_ranks, plan.job.world_size);
+        std::fputs(report.c_str(), stderr);
+        const auto report_file = run_dir.attempt(attempt).attempt_dir / "stall_report.txt";
+        std::ofstream(report_file) << report;
+        spdlog::info("stall report saved to {}", report_file.string());
+        name_nccl_logs(config, result, run_dir.attempt(attempt));
+        if (restart_count >= config.max_restarts) {
+          serve_remaining_nodes(std::chrono::seconds(2));
+          return kExitStalled;
+        }
+        spdlog::warn("restarting the worker group after the stall ({} of {} restarts)",
+                     restart_count + 1, config.max_restarts);
+        continue;
+      }
       case AttemptResult::End::kPeerStopped:
         if (timed_out) {
           spdlog::error("stopped every worker: {}", result.peer_reason);
@@ -282,6 +449,7 @@ int launch(const LaunchConfig& config) {
                                      config.max_restarts)
                    .c_str(),
                stderr);
+    name_nccl_logs(config, result, run_dir.attempt(attempt));
     if (restart_count >= config.max_restarts) {
       serve_remaining_nodes(std::chrono::seconds(2));  // Long enough to pass the failure on.
       return exit_code_for(result.workers[result.first_failure]);
@@ -304,6 +472,8 @@ int main(int argc, char** argv) {
       init_logging("mcprun", false);
       return show_topology();
     }
+    if (!args.empty() && args.front() == "store")
+      return run_store_command({args.begin() + 1, args.end()});
     ParseResult parsed = parse_launch_config(args);
     if (auto* info = std::get_if<InfoRequest>(&parsed)) {
       std::cout << info->text;

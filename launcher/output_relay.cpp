@@ -51,6 +51,7 @@ void RankOutput::close_child_ends() {
 
 void RankOutput::start() {
   open_streams_ = 2;
+  last_output_ = std::chrono::steady_clock::now();
   for (Stream& stream : streams_) read_more(stream);
 }
 
@@ -75,6 +76,10 @@ void RankOutput::read_more(Stream& stream) {
 }
 
 void RankOutput::emit_line(Stream& stream, std::string_view line) {
+  if (stderr_copy_ && &stream == &streams_[1]) {
+    stderr_copy_->emplace_back(line);  // The stack dump file has it; the console has the report.
+    return;
+  }
   if (stream.route.to_console) {
     // One write per line: lines of different ranks never interleave mid-line.
     std::string text;
@@ -82,6 +87,7 @@ void RankOutput::emit_line(Stream& stream, std::string_view line) {
     text.append(prefix_).append(line).push_back('\n');
     write_all(stream.console_fd, text);
   }
+  last_output_ = std::chrono::steady_clock::now();
   tail_.emplace_back(line);
   if (tail_.size() > kTailLines) tail_.pop_front();
 }

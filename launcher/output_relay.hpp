@@ -6,11 +6,13 @@
 #include <boost/asio/posix/stream_descriptor.hpp>
 
 #include <array>
+#include <chrono>
 #include <cstdio>
 #include <deque>
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/unique_fd.hpp"
 
@@ -45,6 +47,11 @@ class RankOutput {
   /// Flushes partial lines and stops reading (used when a drain deadline passes).
   void finish();
   const std::deque<std::string>& tail() const { return tail_; }
+  /// When the rank last printed a whole line (or started, before its first line).
+  std::chrono::steady_clock::time_point last_output() const { return last_output_; }
+  /// From now on, stderr lines go to `sink` (and the log file) instead of the console (nullptr
+  /// stops): how the stall path keeps the Python tracebacks faulthandler prints.
+  void copy_stderr_to(std::vector<std::string>* sink) { stderr_copy_ = sink; }
 
  private:
   struct Stream {
@@ -63,6 +70,8 @@ class RankOutput {
   Stream streams_[2];
   UniqueFd child_ends_[2];
   std::deque<std::string> tail_;
+  std::chrono::steady_clock::time_point last_output_ = std::chrono::steady_clock::now();
+  std::vector<std::string>* stderr_copy_ = nullptr;
   int open_streams_ = 0;
 };
 

@@ -21,6 +21,9 @@ class PortReservation {
   static std::optional<PortReservation> reserve(std::string* error);
 
   int port() const { return port_; }
+  /// Hands the bound socket over (to the job store, which listens on it); the reservation is
+  /// then empty.
+  UniqueFd take_socket() { return std::move(fd_); }
 
  private:
   PortReservation(UniqueFd fd, int port) : fd_(std::move(fd)), port_(port) {}

@@ -67,6 +67,13 @@ class SignalBlock {
   _exit(127);  // Unreachable: fail() exits; tells the compiler so.
 }
 
+ProcessExit exit_from_status(pid_t pid, int status) {
+  ProcessExit exit{pid, 0, 0};
+  if (WIFEXITED(status)) exit.exit_code = WEXITSTATUS(status);
+  else if (WIFSIGNALED(status)) exit.signal = WTERMSIG(status);
+  return exit;
+}
+
 }  // namespace
 
 std::string signal_name(int signal) {
@@ -194,13 +201,19 @@ std::vector<ProcessExit> PosixProcessControl::reap() {
     int status = 0;
     pid_t pid = ::waitpid(-1, &status, WNOHANG);
     if (pid <= 0) break;
-    ProcessExit exit{pid, 0, 0};
-    if (WIFEXITED(status)) exit.exit_code = WEXITSTATUS(status);
-    else if (WIFSIGNALED(status)) exit.signal = WTERMSIG(status);
     std::erase(spawned_, pid);
-    exits.push_back(exit);
+    exits.push_back(exit_from_status(pid, status));
   }
   return exits;
+}
+
+std::optional<ProcessExit> PosixProcessControl::reap_one(pid_t pid) {
+  // A pid still in spawned_ is unreaped, so it cannot have been reused by another process.
+  if (std::find(spawned_.begin(), spawned_.end(), pid) == spawned_.end()) return std::nullopt;
+  int status = 0;
+  if (::waitpid(pid, &status, WNOHANG) != pid) return std::nullopt;
+  std::erase(spawned_, pid);
+  return exit_from_status(pid, status);
 }
 
 bool PosixProcessControl::has_children() {

@@ -40,6 +40,9 @@ class ProcessControl {
   virtual void signal_orphans(int signal) = 0;
   /// Reaps every child that has exited, without blocking.
   virtual std::vector<ProcessExit> reap() = 0;
+  /// Reaps `pid` alone if it has exited, without blocking, for a caller that learned of the exit
+  /// itself (a pidfd). nullopt while it runs, or once reap() has taken it.
+  virtual std::optional<ProcessExit> reap_one(pid_t pid) = 0;
   /// Whether any child (worker or adopted orphan) is still unreaped.
   virtual bool has_children() = 0;
 };
@@ -59,6 +62,7 @@ class PosixProcessControl final : public ProcessControl {
   void signal_group(pid_t pgid, int signal) override;
   void signal_orphans(int signal) override;
   std::vector<ProcessExit> reap() override;
+  std::optional<ProcessExit> reap_one(pid_t pid) override;
   bool has_children() override;
 
  private:

@@ -99,15 +99,15 @@ std::variant<Assignment, std::string> RendezvousClient::join(nlohmann::json join
   }
 }
 
-void RendezvousClient::watch(std::function<void(const PeerStop&)> on_stop) {
+void RendezvousClient::watch(PeerEvents events) {
   auto stopped = std::make_shared<bool>(false);
-  auto stop_once = [on_stop, stopped](const PeerStop& stop) {
-    if (!*stopped) {
+  auto stop_once = [on_stop = events.on_stop, stopped](const PeerStop& stop) {
+    if (!*stopped && on_stop) {
       *stopped = true;
       on_stop(stop);
     }
   };
-  on_message_ = [this, stop_once](const nlohmann::json& message) {
+  on_message_ = [stop_once, events](const nlohmann::json& message) {
     const std::string type = message["type"];
     if (type == "failed")
       stop_once({"node " + message.value("node", std::string("?")) + ": " +
@@ -120,6 +120,12 @@ void RendezvousClient::watch(std::function<void(const PeerStop&)> on_stop) {
     else if (type == "lost")
       stop_once({message.value("node", std::string("?")) + " was lost (it stopped answering)",
                  kExitRendezvous});
+    else if (type == "stall" && events.on_stall)
+      events.on_stall(message);
+    else if (type == "stall_report" && events.on_stall_report)
+      events.on_stall_report(message);
+    else if (type == "barrier_done" && events.on_barrier_done)
+      events.on_barrier_done(message.value("name", std::string()));
   };
 }
 

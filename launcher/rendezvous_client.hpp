@@ -35,6 +35,14 @@ struct PeerStop {
   bool membership_change = false;  ///< A node joins: re-form without spending a restart.
 };
 
+/// What the other nodes say while the workers run; each handler is optional.
+struct PeerEvents {
+  std::function<void(const PeerStop&)> on_stop;              ///< At most once.
+  std::function<void(const nlohmann::json&)> on_stall;       ///< A StallNotice, at most once.
+  std::function<void(const nlohmann::json&)> on_stall_report;  ///< {node, ranks[RankProgress]}.
+  std::function<void(const std::string&)> on_barrier_done;   ///< Every rank reached it.
+};
+
 /// One connection to rendezvousd (or the embedded server): "HOST:PORT", or "unix:PATH" for an
 /// agent on the daemon's own host.
 class RendezvousClient {
@@ -47,8 +55,10 @@ class RendezvousClient {
 
   /// Connects and sends `join`, then waits for the assignment up to `limit`. On failure: one line.
   std::variant<Assignment, std::string> join(nlohmann::json join, std::chrono::milliseconds limit);
-  /// Listens for peers (heartbeats already run since the join was accepted); `on_stop` runs once if another node asks us to stop.
-  void watch(std::function<void(const PeerStop&)> on_stop);
+  /// Listens for the other nodes (heartbeats already run since the join was accepted).
+  void watch(PeerEvents events);
+  /// Relays a message to every other node of the job: "stall", "stall_report", "barrier".
+  void send(const nlohmann::json& message);
   /// Tells every other node to stop; `exit_code` is what they should exit with.
   void report_failure(const std::string& reason, int exit_code);
   /// Tells the rendezvous this node finished cleanly.
@@ -59,7 +69,6 @@ class RendezvousClient {
  private:
   /// Connects over TCP or the unix socket; an error line on failure.
   std::optional<std::string> connect();
-  void send(const nlohmann::json& message);
   void write_next();
   void read();
   /// Starts the heartbeat loop once.

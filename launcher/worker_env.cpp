@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include "launcher/torch_keys.hpp"
+
 extern char** environ;
 
 namespace mcprun {
@@ -57,8 +59,11 @@ Environment worker_env_delta(const JobIdentity& job, const WorkerIdentity& worke
       {"TORCHELASTIC_RESTART_COUNT", std::to_string(restart_count)},
       {"TORCHELASTIC_MAX_RESTARTS", std::to_string(job.max_restarts)},
       {"TORCHELASTIC_RUN_ID", job.run_id},
-      // Rank 0 hosts the store itself, as plain env:// expects, on the port mcprun reserved.
-      {"TORCHELASTIC_USE_AGENT_STORE", "False"},
+      // mcprun hosts the job store at MASTER_ADDR:MASTER_PORT, so it sees the init barrier.
+      {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+      {std::string(torch_keys::kInitBarrierSwitch), inherited_or(torch_keys::kInitBarrierSwitch.data(), "1")},
+      // A stalled worker then prints every thread's Python traceback on SIGABRT; "" opts out.
+      {"PYTHONFAULTHANDLER", inherited_or("PYTHONFAULTHANDLER", "1")},
       {"TORCHELASTIC_ERROR_FILE", error_file},
       {"TORCH_NCCL_ASYNC_ERROR_HANDLING", inherited_or("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")},
       {"NCCL_ASYNC_ERROR_HANDLING", inherited_or("NCCL_ASYNC_ERROR_HANDLING", "1")},

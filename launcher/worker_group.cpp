@@ -2,6 +2,7 @@
 
 #include <signal.h>
 
+#include <fstream>
 
 #include "common/event_loop.hpp"
 #include "common/exit_status.hpp"
@@ -14,6 +15,13 @@ bool terminates_group(int signal) {
   return signal == SIGINT || signal == SIGTERM || signal == SIGHUP || signal == SIGQUIT;
 }
 
+/// Adds the Python tracebacks faulthandler printed to a rank's stack dump file.
+void append_tracebacks(const std::filesystem::path& stack_file, const std::vector<std::string>& lines) {
+  std::ofstream out(stack_file, std::ios::app);
+  out << "\n=== Python tracebacks (faulthandler, on SIGABRT) ===\n";
+  for (const std::string& line : lines) out << line << "\n";
+}
+
 }  // namespace
 
 WorkerGroup::WorkerGroup(boost::asio::io_context& io, ProcessControl& control,
@@ -24,7 +32,10 @@ WorkerGroup::WorkerGroup(boost::asio::io_context& io, ProcessControl& control,
       plan_(plan),
       config_(config),
       inherited_(inherited),
-      signals_(io, SIGCHLD, SIGINT, SIGTERM) {
+      signals_(io, SIGCHLD, SIGINT, SIGTERM),
+      dumper_(io, control),
+      python_tracebacks_(!inherited.contains("PYTHONFAULTHANDLER") ||
+                         !inherited.at("PYTHONFAULTHANDLER").empty()) {
   for (int signal : {SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2}) signals_.add(signal);
   wait_for_signals();
 }
@@ -69,7 +80,7 @@ void WorkerGroup::on_child_exits() {
                                             exit.exit_code == exit_code_for_signal(SIGTERM));
       // After another node's stop request, local deaths are its consequence, not a root cause.
       if (!exit.succeeded() && !worker.outcome.stopped_by_launcher && !first_failure_ &&
-          !peer_stop_) {
+          !peer_stop_ && !stall_) {
         first_failure_ = i;
         if (failure_listener_) failure_listener_(worker.outcome);
       }
@@ -101,6 +112,7 @@ void WorkerGroup::stop_all(int soft_signal, bool already_delivered) {
   auto nothing_left = [this] { return !control_.has_children(); };
   if (nothing_left()) return;
   if (!already_delivered) signal_all(soft_signal);
+  signal_all(SIGCONT);  // A stopped worker (SIGSTOP, a stuck debugger) can then act on it.
   const auto grace = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
       std::chrono::duration<double>(config_.term_timeout));
   if (run_until(nothing_left, grace)) return;
@@ -116,10 +128,53 @@ void WorkerGroup::request_stop(std::string reason, int exit_code) {
   if (!peer_stop_) peer_stop_.emplace(std::move(reason), exit_code);
 }
 
+void WorkerGroup::request_stall(StallNotice notice) {
+  if (!stall_ && !stopping_) stall_ = std::move(notice);
+}
+
+std::vector<WorkerStatus> WorkerGroup::status() const {
+  std::vector<WorkerStatus> statuses;
+  for (const Worker& worker : workers_) {
+    WorkerStatus status;
+    status.rank = worker.slot->identity.rank;
+    status.local_rank = worker.slot->identity.local_rank;
+    status.pid = worker.pid;
+    status.running = worker.running;
+    if (worker.pid > 0 && !worker.running)
+      status.ended = describe_exit(worker.outcome.exit_code, worker.outcome.signal);
+    if (!worker.output->tail().empty()) status.last_line = worker.output->tail().back();
+    status.last_output = worker.output->last_output();
+    status.stack_file = worker.stack_file;
+    statuses.push_back(std::move(status));
+  }
+  return statuses;
+}
+
+void WorkerGroup::dump_stalled_workers() {
+  if (stall_listener_) stall_listener_(*stall_, status());
+  std::vector<StackDumpRequest> requests;
+  for (const Worker& worker : workers_)
+    if (worker.running) requests.push_back({worker.pid, worker.stack_file});
+  bool dumped = false;
+  dumper_.dump_all(requests, kStackDumpTimeout, [&dumped] { dumped = true; });
+  run_until([&] { return dumped; }, kStackDumpTimeout + kDumperKillTimeout + std::chrono::seconds(1));
+
+  // faulthandler (PYTHONFAULTHANDLER) prints every thread's Python traceback on SIGABRT.
+  stopping_ = true;
+  for (Worker& worker : workers_) {
+    if (!worker.running || !python_tracebacks_) continue;
+    worker.output->copy_stderr_to(&worker.tracebacks);
+    control_.signal_group(worker.pid, SIGCONT);
+    ::kill(worker.pid, SIGABRT);
+  }
+  if (python_tracebacks_) run_until([this] { return running_count() == 0; }, kTracebackTimeout);
+}
+
 AttemptResult WorkerGroup::run_attempt(int restart_count, const AttemptFiles& files) {
   workers_.clear();
   first_failure_.reset();
   peer_stop_.reset();
+  stall_.reset();
   stopping_ = escalate_ = false;
   AttemptResult result;
   const bool prefix = plan_.slots.size() > 1;
@@ -141,6 +196,7 @@ AttemptResult WorkerGroup::run_attempt(int restart_count, const AttemptFiles& fi
     worker.outcome.rank = slot.identity.rank;
     worker.outcome.local_rank = local_rank;
     worker.outcome.error_file = rank_dir / "error.json";
+    worker.stack_file = rank_dir / "stacks.txt";
   }
 
   for (Worker& worker : workers_) {
@@ -148,6 +204,8 @@ AttemptResult WorkerGroup::run_attempt(int restart_count, const AttemptFiles& fi
     Environment delta = worker_env_delta(plan_.job, worker.slot->identity, restart_count,
                                          worker.outcome.error_file.string(), inherited_);
     delta.insert(plan_.extra_env.begin(), plan_.extra_env.end());
+    if (config_.nccl_debug && !inherited_.contains("NCCL_DEBUG_FILE"))
+      delta["NCCL_DEBUG_FILE"] = nccl_log_pattern(worker.stack_file.parent_path());
     SpawnRequest request{plan_.argv, merge_environment(inherited_, delta),
                          worker.slot->cpus, worker.output->child_stdout(),
                          worker.output->child_stderr()};
@@ -168,10 +226,12 @@ AttemptResult WorkerGroup::run_attempt(int restart_count, const AttemptFiles& fi
 
   if (result.end != AttemptResult::End::kSpawnFailed)
     run_until([this] {
-      return running_count() == 0 || first_failure_ || interrupt_signal_ != 0 || peer_stop_;
+      return running_count() == 0 || first_failure_ || interrupt_signal_ != 0 || peer_stop_ ||
+             stall_;
     },
               std::chrono::hours(24 * 365));  // The job's own length: no limit of ours.
 
+  if (stall_ && interrupt_signal_ == 0) dump_stalled_workers();
   // Whatever ended the attempt, nothing of it outlives it: not workers, not their grandchildren.
   if (interrupt_signal_ != 0) stop_all(interrupt_signal_, true);
   else stop_all(SIGTERM, false);
@@ -181,13 +241,18 @@ AttemptResult WorkerGroup::run_attempt(int restart_count, const AttemptFiles& fi
     return true;
   }, kOutputDrainTimeout);
   for (Worker& worker : workers_) {
+    worker.output->copy_stderr_to(nullptr);
+    if (!worker.tracebacks.empty()) append_tracebacks(worker.stack_file, worker.tracebacks);
     worker.output->finish();
     worker.outcome.tail = worker.output->tail();
     result.workers.push_back(worker.outcome);
   }
 
   if (result.end == AttemptResult::End::kSpawnFailed) return result;
-  if (peer_stop_ && !first_failure_ && interrupt_signal_ == 0) {
+  if (stall_ && interrupt_signal_ == 0) {
+    result.end = AttemptResult::End::kStalled;
+    result.stall = stall_;
+  } else if (peer_stop_ && !first_failure_ && interrupt_signal_ == 0) {
     result.end = AttemptResult::End::kPeerStopped;
     result.peer_reason = peer_stop_->first;
     result.peer_exit_code = peer_stop_->second;

@@ -17,6 +17,8 @@
 #include "launcher/output_relay.hpp"
 #include "launcher/process_control.hpp"
 #include "launcher/rank_plan.hpp"
+#include "launcher/stack_dump.hpp"
+#include "launcher/stall_watch.hpp"
 
 namespace mcprun {
 
@@ -24,10 +26,17 @@ namespace mcprun {
 inline constexpr std::chrono::seconds kKillReapTimeout{5};
 /// How long output still buffered in pipes may take to arrive once every worker is dead.
 inline constexpr std::chrono::seconds kOutputDrainTimeout{2};
+/// How long stalled Python workers get to print faulthandler's tracebacks after SIGABRT.
+inline constexpr std::chrono::seconds kTracebackTimeout{2};
+
+/// Where --nccl-debug has NCCL write a rank's log (NCCL expands %h to the host, %p to the pid).
+inline std::string nccl_log_pattern(const std::filesystem::path& rank_dir) {
+  return (rank_dir / "nccl.%h.%p.log").string();
+}
 
 /// How an attempt ended.
 struct AttemptResult {
-  enum class End { kSucceeded, kWorkerFailed, kInterrupted, kSpawnFailed, kPeerStopped } end =
+  enum class End { kSucceeded, kWorkerFailed, kInterrupted, kSpawnFailed, kPeerStopped, kStalled } end =
       End::kSucceeded;
   std::vector<WorkerOutcome> workers;
   size_t first_failure = 0;     ///< Index into workers, for kWorkerFailed.
@@ -35,6 +44,7 @@ struct AttemptResult {
   std::string spawn_error;      ///< For kSpawnFailed.
   std::string peer_reason;      ///< For kPeerStopped: what another node reported.
   int peer_exit_code = 0;       ///< For kPeerStopped.
+  std::optional<StallNotice> stall;  ///< For kStalled.
 };
 
 /// Where an attempt's per-rank files go.
@@ -53,6 +63,14 @@ class WorkerGroup {
   AttemptResult run_attempt(int restart_count, const AttemptFiles& files);
   /// Another node failed or vanished: stop this node's group too (callable from the event loop).
   void request_stop(std::string reason, int exit_code);
+  /// The job stalled (here or on another node): diagnose, dump stacks, then stop the group.
+  void request_stall(StallNotice notice);
+  /// Called once per stall with every worker's status, before stacks are dumped.
+  void on_stall(std::function<void(const StallNotice&, const std::vector<WorkerStatus>&)> listener) {
+    stall_listener_ = std::move(listener);
+  }
+  /// Every worker of the current attempt, as the watchdogs see it.
+  std::vector<WorkerStatus> status() const;
   /// Called the moment the first worker fails, before the group is stopped, so that other
   /// nodes hear of it without waiting for this node's grace period.
   void on_first_failure(std::function<void(const WorkerOutcome&)> listener) {
@@ -66,6 +84,8 @@ class WorkerGroup {
     bool running = false;
     std::unique_ptr<RankOutput> output;
     WorkerOutcome outcome;
+    std::filesystem::path stack_file;
+    std::vector<std::string> tracebacks;  ///< stderr after SIGABRT: faulthandler's dump.
   };
   void wait_for_signals();
   void on_signal(int signal);
@@ -76,6 +96,8 @@ class WorkerGroup {
   /// Runs the event loop until `done()` or the deadline; returns done().
   bool run_until(const std::function<bool()>& done, std::chrono::steady_clock::duration limit);
   size_t running_count() const;
+  /// A stall's teardown before stop_all: listener, native stack dumps, Python tracebacks.
+  void dump_stalled_workers();
 
   boost::asio::io_context& io_;
   ProcessControl& control_;
@@ -89,7 +111,11 @@ class WorkerGroup {
   bool stopping_ = false;
   bool escalate_ = false;  ///< A second interrupt while stopping: SIGKILL now.
   std::optional<std::pair<std::string, int>> peer_stop_;
+  std::optional<StallNotice> stall_;
   std::function<void(const WorkerOutcome&)> failure_listener_;
+  std::function<void(const StallNotice&, const std::vector<WorkerStatus>&)> stall_listener_;
+  StackDumper dumper_;
+  bool python_tracebacks_;  ///< Workers run with faulthandler, so SIGABRT prints tracebacks.
 };
 
 }  // namespace mcprun

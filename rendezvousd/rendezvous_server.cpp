@@ -201,6 +201,27 @@ void RendezvousServer::on_message(const std::shared_ptr<AgentSession>& session,
     broadcast(job, notice, session->node);
     return finish(session->job_id);
   }
+  if (type == "stall") {
+    spdlog::warn("job {}: node {} declares a stall: {}; stopping every node", session->job_id,
+                 session->node, message.value("what", std::string("?")));
+    nlohmann::json notice = message;
+    notice["node"] = session->node;
+    broadcast(job, notice, session->node);
+    return finish(session->job_id);
+  }
+  if (type == "stall_report") {  // Each node's view of its ranks, for every node's report.
+    nlohmann::json report = message;
+    report["node"] = session->node;
+    return broadcast(job, report, session->node);
+  }
+  if (type == "barrier") {
+    std::set<int>& arrived = job.barriers[message.value("name", std::string())];
+    arrived.insert(message.value("rank", -1));
+    if (static_cast<int>(arrived.size()) < job.world_size) return;
+    broadcast(job, {{"type", "barrier_done"}, {"name", message.value("name", std::string())}});
+    job.barriers.erase(message.value("name", std::string()));
+    return;
+  }
   if (type == "done") {
     session->done = true;
     job.done_nodes.insert(session->node);
@@ -304,6 +325,7 @@ void RendezvousServer::advance(const std::string& job_id) {
       job.running = true;
       job.deadline->cancel();
       const RoundResult& result = job.round->result();
+      job.world_size = result.world_size;
       for (const auto& node : result.nodes) {
         auto member = job.members[node.node].lock();
         if (!member) continue;

@@ -56,6 +56,8 @@ class RendezvousServer {
     std::map<std::string, std::weak_ptr<AgentSession>> members;  ///< node name -> session.
     std::set<std::string> done_nodes;  ///< Nodes whose workers all succeeded.
     uint64_t generation = 0;           ///< Tells a restarted job from the round it replaced.
+    int world_size = 0;                ///< Of the running round.
+    std::map<std::string, std::set<int>> barriers;  ///< Helper barrier name -> ranks there.
     std::unique_ptr<boost::asio::steady_timer> deadline;
     bool running = false;
     bool finished = false;

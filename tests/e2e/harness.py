@@ -51,6 +51,8 @@ class LauncherTestCase(unittest.TestCase):
             for stream in (proc.stdout, proc.stderr):
                 if stream:
                     stream.close()
+        # A killed launcher's guardian reaps its workers asynchronously: give it a moment.
+        wait_for(lambda: not any(alive(pid) for pid in self.pids()), 5)
         leftover = [pid for pid in self.pids() if alive(pid)]
         for pid in leftover:
             os.kill(pid, signal.SIGKILL)

@@ -61,9 +61,9 @@ with open(os.path.join(sys.argv[1], "env.%s.json" % os.environ["RANK"]), "w") as
             reference.pop("MASTER_PORT")
             self.assertTrue(mine.pop("TORCHELASTIC_ERROR_FILE").endswith(f"/attempt_0/{rank}/error.json"))
             reference.pop("TORCHELASTIC_ERROR_FILE")
-            # torchrun's static backend hosts the store in its agent; mcprun lets rank 0 host it.
+            # Both agents host the job store themselves.
+            self.assertEqual(mine.pop("TORCHELASTIC_USE_AGENT_STORE"), "True")
             self.assertEqual(reference.pop("TORCHELASTIC_USE_AGENT_STORE"), "True")
-            self.assertEqual(mine.pop("TORCHELASTIC_USE_AGENT_STORE"), "False")
             self.assertEqual(mine, reference)
 
 

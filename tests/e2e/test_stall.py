@@ -1,0 +1,173 @@
+"""End-to-end tests of stall detection with real torch 1.13 workers (gloo on CPU)."""
+import glob
+import os
+import re
+import time
+
+from harness import PYTHON, LauncherTestCase
+from test_rendezvous import RendezvousTestCase
+
+# Every rank records its pid, then acts as $BEHAVIOUR_<RANK> says; the default is a healthy run.
+WORKER = r'''
+import os, signal, sys, time
+rank = int(os.environ["RANK"])
+with open(os.path.join(os.environ["MCPRUN_TEST_DIR"], f"pid.{rank}"), "w") as f:
+    f.write(str(os.getpid()))
+behaviour = os.environ.get(f"BEHAVIOUR_{rank}", "")
+print(f"rank {rank} up", flush=True)
+if behaviour == "late_init":
+    print("sleeping before init_process_group", flush=True)
+    time.sleep(600)
+import torch
+import torch.distributed as dist
+import mcprun
+dist.init_process_group("gloo")
+print("initialised", flush=True)
+mode = os.environ.get("MODE", "")
+if mode == "heartbeat":
+    for step in range(1000):
+        mcprun.heartbeat()
+        if step == 5 and behaviour == "sigstop":
+            print("stopping myself", flush=True)
+            os.kill(os.getpid(), signal.SIGSTOP)
+        time.sleep(0.1)
+elif mode == "timer":
+    from torch.distributed.elastic import timer
+    timer.configure(timer.FileTimerClient(os.environ["TORCHELASTIC_TIMER_FILE"]))
+    with timer.expires(after=30):
+        pass  # Released in time: no stall.
+    if behaviour == "hang_in_scope":
+        with timer.expires(after=2, scope="train_step"):
+            print("hanging inside the scope", flush=True)
+            time.sleep(600)
+    time.sleep(5)
+elif mode == "barrier":
+    mcprun.barrier("warmup", timeout=60)
+    print("passed warmup", flush=True)
+    if behaviour == "skip_barrier":
+        print("never reaching the checkpoint barrier", flush=True)
+        time.sleep(600)
+    mcprun.barrier("checkpoint", timeout=5)
+elif mode == "quiet":
+    if behaviour == "quiet":
+        time.sleep(600)
+    for _ in range(40):
+        print("tick", flush=True)
+        time.sleep(0.1)
+elif mode == "healthy":
+    from torch.distributed.elastic import timer
+    timer.configure(timer.FileTimerClient(os.environ["TORCHELASTIC_TIMER_FILE"]))
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 1))
+    for step in range(3):
+        with timer.expires(after=60):
+            model(torch.randn(4, 8)).sum().backward()
+        mcprun.heartbeat()
+        print(f"step {step}", flush=True)
+        mcprun.barrier(f"step-{step}", timeout=60)
+    print("agent store:", os.environ["TORCHELASTIC_USE_AGENT_STORE"], flush=True)
+dist.destroy_process_group()
+print("done", flush=True)
+'''
+
+
+def report_rows(stderr):
+    """Rank -> its row of the stall report."""
+    return {int(m.group(1)): m.group(0) for m in re.finditer(r"^  (\d+)\*? .*$", stderr, re.M)}
+
+
+class StallTest(LauncherTestCase):
+    def launch(self, *flags, behaviour=None, mode="", nproc="4", timeout=120):
+        env = dict(self.env, MODE=mode, **{f"BEHAVIOUR_{rank}": what for rank, what in (behaviour or {}).items()})
+        worker = self.script("worker.py", WORKER)
+        logs = os.path.join(self.tmp, "logs")
+        start = time.monotonic()
+        code, out, err = self.run_mcprun("-n", nproc, "--log-dir", logs, *flags, worker, env=env,
+                                         timeout=timeout)
+        return code, out, err, time.monotonic() - start, logs
+
+    def test_late_rank_is_named_killed_on_time_and_every_rank_dumped(self):
+        code, _, err, elapsed, logs = self.launch("--init-timeout", "10", behaviour={2: "late_init"})
+        self.assertEqual(code, 3, err)
+        self.assertIn("init barrier was not passed within --init-timeout 10 s", err)
+        rows = report_rows(err)
+        self.assertEqual(sorted(rows), [0, 1, 2, 3], err)
+        self.assertIn("never connected to the store", rows[2])
+        self.assertIn("2*", rows[2])
+        self.assertIn("sleeping before init_process_group", rows[2])
+        for rank in (0, 1, 3):
+            self.assertIn("connected, not at the init barrier", rows[rank])
+        self.assertRegex(err, r"missing: 2\n")
+        # A 10 s timeout plus import time, stack dumps and teardown, with slack for a busy CI box.
+        self.assertLess(elapsed, 40, err)
+        dumps = sorted(glob.glob(os.path.join(logs, "*", "attempt_0", "*", "stacks.txt")))
+        self.assertEqual(len(dumps), 4, err)
+        for dump in dumps:
+            with open(dump) as f:
+                text = f.read()
+            self.assertIn("Python tracebacks", text, dump)
+            self.assertRegex(text, r"File \".*worker\.py\", line \d+", dump)
+        self.assertTrue(glob.glob(os.path.join(logs, "*", "attempt_0", "stall_report.txt")))
+
+    def test_sigstopped_rank_is_a_heartbeat_stall(self):
+        code, _, err, _, logs = self.launch("--heartbeat-timeout", "3", mode="heartbeat",
+                                            behaviour={1: "sigstop"}, nproc="2")
+        self.assertEqual(code, 3, err)
+        self.assertIn("rank 1 sent no heartbeat for --heartbeat-timeout 3 s", err)
+        self.assertIn("stopped heartbeating", report_rows(err)[1])
+        self.assertIn("running", report_rows(err)[0])
+
+    def test_expired_file_timer_scope_is_a_stall_of_that_rank(self):
+        code, _, err, _, _ = self.launch(mode="timer", behaviour={0: "hang_in_scope"}, nproc="2")
+        self.assertEqual(code, 3, err)
+        self.assertIn("rank 0's FileTimer scope 'train_step' expired", err)
+        self.assertIn("its FileTimer scope expired", report_rows(err)[0])
+
+    def test_silent_rank_is_a_stall_only_with_silence_timeout(self):
+        code, _, err, _, _ = self.launch("--silence-timeout", "3", mode="quiet", behaviour={1: "quiet"},
+                                         nproc="2")
+        self.assertEqual(code, 3, err)
+        self.assertIn("rank 1 printed nothing for --silence-timeout 3 s", err)
+
+    def test_healthy_job_under_every_watchdog_finishes(self):
+        code, out, err, _, _ = self.launch("--init-timeout", "60", "--heartbeat-timeout", "30",
+                                           "--silence-timeout", "30", mode="healthy")
+        self.assertEqual(code, 0, err)
+        self.assertNotIn("STALLED", err)
+        self.assertEqual(out.count("agent store: True"), 4, out)
+        self.assertEqual(out.count("done"), 4, out)
+
+    def test_script_without_init_is_not_a_stall(self):
+        worker = self.script("plain.py", "import time\ntime.sleep(3)\nprint('finished')\n")
+        code, out, err = self.run_mcprun("-n", "2", "--init-timeout", "1", worker)
+        self.assertEqual(code, 0, err)
+        self.assertEqual(out.count("finished"), 2, out)
+
+
+class MultiNodeStallTest(RendezvousTestCase):
+    def two_nodes(self, *flags, behaviour, mode=""):
+        env = {"MODE": mode, **{f"BEHAVIOUR_{rank}": what for rank, what in behaviour.items()}}
+        worker = self.script("worker.py", WORKER)
+        agents = [self.agent(name, "--log-dir", os.path.join(self.tmp, "logs-" + name), *flags,
+                             nnodes="2", nproc="2", extra_env=dict(env, PYTHON_EXEC=PYTHON),
+                             script=worker)
+                  for name in ("a", "b")]
+        return self.finish(agents, timeout=120)
+
+    def test_late_rank_on_node_1_stops_both_nodes_and_both_reports_name_it(self):
+        results = self.two_nodes("--init-timeout", "10", behaviour={3: "late_init"})
+        for code, _, err in results:
+            self.assertEqual(code, 3, err)
+            rows = report_rows(err)
+            self.assertEqual(sorted(rows), [0, 1, 2, 3], err)
+            self.assertIn("never connected to the store", rows[3], err)
+            self.assertRegex(err, r"missing: 3\n")
+
+    def test_helper_barrier_one_rank_never_reaches(self):
+        results = self.two_nodes(behaviour={3: "skip_barrier"}, mode="barrier")
+        for code, out, err in results:
+            self.assertEqual(code, 3, err)
+            self.assertIn("barrier 'checkpoint' was not complete", err)
+            rows = report_rows(err)
+            self.assertIn("never reached barrier 'checkpoint'", rows[3], err)
+            self.assertIn("at barrier 'checkpoint'", rows[0], err)
+            self.assertRegex(err, r"missing: 3\n")

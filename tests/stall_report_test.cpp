@@ -1,0 +1,134 @@
+#include <gtest/gtest.h>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <unistd.h>
+
+#include "launcher/init_barrier.hpp"
+#include "launcher/proc_sockets.hpp"
+#include "launcher/stall_report.hpp"
+#include "launcher/torch_keys.hpp"
+
+namespace mcprun {
+namespace {
+
+using boost::asio::ip::make_address;
+using boost::asio::ip::tcp;
+
+RankProgress rank(int number, int level, std::string state) {
+  RankProgress progress;
+  progress.rank = number;
+  progress.local_rank = number % 2;
+  progress.host = number < 2 ? "node-a" : "node-b";
+  progress.pid = 100 + number;
+  progress.level = level;
+  progress.state = std::move(state);
+  progress.last_line = "line of rank " + std::to_string(number);
+  progress.last_line_age_s = 1.5;
+  progress.stack_file = "/logs/attempt_0/" + std::to_string(number % 2) + "/stacks.txt";
+  return progress;
+}
+
+TEST(StallReport, NamesTheRanksBehindTheFurthestAsMissing) {
+  StallNotice notice;
+  notice.what = "the process group's init barrier was not passed within --init-timeout 10 s";
+  notice.noticed_on = "node-a";
+  const std::string report = format_stall_report(
+      notice,
+      {rank(3, RankProgress::kConnected, "connected, not at the init barrier"),
+       rank(0, RankProgress::kConnected, "connected, not at the init barrier"),
+       rank(2, RankProgress::kNotConnected, "never connected to the store"),
+       rank(1, RankProgress::kConnected, "connected, not at the init barrier")},
+      4);
+  EXPECT_NE(report.find("job STALLED: the process group's init barrier was not passed within "
+                        "--init-timeout 10 s (noticed on node-a)"),
+            std::string::npos)
+      << report;
+  EXPECT_NE(report.find("arrived: 3 of 4 ranks (0-1,3)"), std::string::npos) << report;
+  EXPECT_NE(report.find("missing: 2\n"), std::string::npos) << report;
+  EXPECT_NE(report.find("  2*    node-b:0"), std::string::npos) << report;
+  EXPECT_NE(report.find("1.5 s ago: line of rank 2"), std::string::npos) << report;
+  EXPECT_NE(report.find("rank 2: node-b:/logs/attempt_0/0/stacks.txt"), std::string::npos) << report;
+  // Sorted by rank.
+  EXPECT_LT(report.find("  0     node-a"), report.find("  1     node-a")) << report;
+}
+
+TEST(StallReport, CountsRanksOfNodesThatSentNoReport) {
+  StallNotice notice;
+  notice.what = "barrier 'checkpoint' was not complete within its timeout of 5 s";
+  const std::string report =
+      format_stall_report(notice, {rank(0, RankProgress::kArrived, "at barrier 'checkpoint'")}, 4);
+  EXPECT_NE(report.find("3 rank(s) on nodes that sent no report"), std::string::npos) << report;
+}
+
+TEST(StallReport, NoticeAndProgressSurviveTheWire) {
+  StallNotice notice;
+  notice.kind = StallNotice::Kind::kHeartbeat;
+  notice.what = "rank 5 sent no heartbeat";
+  notice.rank = 5;
+  notice.arrived = {{"10.0.0.2", {40001, 40002}}};
+  notice.noticed_on = "node-a";
+  const StallNotice back = stall_notice_from_json(to_json(notice));
+  EXPECT_EQ(back.kind, StallNotice::Kind::kHeartbeat);
+  EXPECT_EQ(back.rank, 5);
+  EXPECT_EQ(back.arrived, notice.arrived);
+  EXPECT_EQ(back.noticed_on, "node-a");
+  EXPECT_THROW(stall_notice_from_json({{"kind", "bogus"}, {"what", "x"}}), std::exception);
+
+  const RankProgress progress = rank(3, RankProgress::kNotConnected, "never connected to the store");
+  const RankProgress copy = rank_progress_from_json(to_json(progress));
+  EXPECT_EQ(copy.rank, 3);
+  EXPECT_EQ(copy.level, RankProgress::kNotConnected);
+  EXPECT_EQ(copy.state, progress.state);
+  EXPECT_EQ(copy.stack_file, progress.stack_file);
+}
+
+TEST(TorchKeys, RecognisesOnlyThisAttemptsDefaultGroupBarrier) {
+  EXPECT_TRUE(torch_keys::is_init_barrier("/worker/attempt_0/default_pg/store_based_barrier_key:1", 0));
+  EXPECT_TRUE(torch_keys::is_init_barrier("/worker/attempt_2/default_pg/store_based_barrier_key:0", 2));
+  EXPECT_FALSE(torch_keys::is_init_barrier("/worker/attempt_1/default_pg/store_based_barrier_key:1", 0));
+  EXPECT_FALSE(torch_keys::is_init_barrier("/worker/attempt_0/default_pg/store_based_barrier_key:0/last_worker", 0));
+  EXPECT_FALSE(torch_keys::is_init_barrier("/worker/attempt_0/default_pg/0/1", 0));
+}
+
+StoreEvent add(const char* key, int64_t value, unsigned short port) {
+  StoreEvent event;
+  event.kind = StoreEvent::Kind::kAdd;
+  event.key = key;
+  event.value = value;
+  event.peer = tcp::endpoint(make_address("127.0.0.1"), port);
+  return event;
+}
+
+TEST(InitBarrierWatch, PassesWhenTheCounterReachesTheWorld) {
+  InitBarrierWatch watch(0, 2);
+  EXPECT_FALSE(watch.any_connected());
+  StoreEvent connected;
+  connected.kind = StoreEvent::Kind::kConnected;
+  watch.observe(connected);
+  EXPECT_TRUE(watch.any_connected());
+  watch.observe(add("init/", 1, 5000));
+  watch.observe(add("/worker/attempt_1/default_pg/store_based_barrier_key:1", 1, 5000));
+  EXPECT_TRUE(watch.arrived().empty()) << "another attempt's barrier";
+  watch.observe(add("/worker/attempt_0/default_pg/store_based_barrier_key:1", 1, 5001));
+  EXPECT_FALSE(watch.passed());
+  EXPECT_EQ(watch.arrived(), (PeerPorts{{"127.0.0.1", {5001}}}));
+  watch.observe(add("/worker/attempt_0/default_pg/store_based_barrier_key:1", 2, 5002));
+  EXPECT_TRUE(watch.passed());
+}
+
+TEST(ProcSockets, FindsThisProcessesConnectionToAPort) {
+  boost::asio::io_context io;
+  tcp::acceptor acceptor(io, tcp::endpoint(make_address("127.0.0.1"), 0));
+  tcp::socket client(io);
+  client.connect(acceptor.local_endpoint());
+  tcp::socket served = acceptor.accept();
+  const auto ends = connections_to_port(::getpid(), acceptor.local_endpoint().port());
+  ASSERT_EQ(ends.size(), 1u);
+  EXPECT_EQ(ends[0].address, "127.0.0.1");
+  EXPECT_EQ(ends[0].port, client.local_endpoint().port());
+  EXPECT_TRUE(connections_to_port(::getpid(), 1).empty());
+}
+
+}  // namespace
+}  // namespace mcprun
