@@ -155,18 +155,22 @@ ParseResult parse_launch_config(const std::vector<std::string>& args) {
                  "Wall-clock limit in seconds for the whole job, restarts included (0: none); "
                  "on expiry the group is stopped and mcprun exits 124")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--init-timeout", config.stall.init_timeout,
+  add("init-timeout", config.stall.init_timeout,
                  "Seconds for every rank to pass init_process_group's barrier, from the start of "
                  "each attempt; a rank missing then is a stall (exit 3). 0: off")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--heartbeat-timeout", config.stall.heartbeat_timeout,
+  add("heartbeat-timeout", config.stall.heartbeat_timeout,
                  "Seconds without mcprun.heartbeat() from a rank that has called it before; "
                  "longer is a stall. Ranks that never call it are not watched. 0: off")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--silence-timeout", config.stall.silence_timeout,
+  add("silence-timeout", config.stall.silence_timeout,
                  "Seconds without a line of output from a rank that count as a stall, for "
                  "scripts with no hooks. 0: off")
       ->check(CLI::NonNegativeNumber);
+  bool no_stack_dumps = false;
+  flag("no-stack-dumps", no_stack_dumps,
+       "On a stall, stop at once: no native stack dumps (py-spy, else gdb) and no Python "
+       "tracebacks (SIGABRT to faulthandler) first");
   app.add_flag("--nccl-debug", config.nccl_debug,
                "Set NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=INIT,NET and TORCH_DISTRIBUTED_DEBUG=DETAIL "
                "for every worker");
@@ -196,6 +200,7 @@ ParseResult parse_launch_config(const std::vector<std::string>& args) {
   if (rest.empty()) return UsageError{"no training script given (usage: mcprun [flags] SCRIPT [ARGS...])"};
   if (rest.front().size() > 1 && rest.front()[0] == '-')
     return UsageError{"unknown flag " + rest.front() + " (see mcprun --help)"};
+  config.stack_dumps = !no_stack_dumps;
   config.script = rest.front();
   config.script_args.assign(rest.begin() + 1, rest.end());
 

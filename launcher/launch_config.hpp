@@ -66,6 +66,7 @@ struct LaunchConfig {
   double job_timeout = 0;               ///< --timeout: wall-clock limit for the whole job; 0 = none.
   bool nccl_debug = false;              ///< --nccl-debug: NCCL/torch distributed debug logging.
   StallSettings stall;                  ///< --init-timeout, --heartbeat-timeout, --silence-timeout.
+  bool stack_dumps = true;              ///< On a stall, dump stacks before stopping (--no-stack-dumps).
   bool dry_run = false;
   bool no_pin = false;
   std::optional<std::string> gpus;      ///< --gpus subset, CUDA_VISIBLE_DEVICES syntax.

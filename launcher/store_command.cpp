@@ -27,8 +27,7 @@ constexpr const char* kStoreDescription =
     "is_master=False) yourself.\n\n"
     "Once it accepts connections it prints one line, 'mcprun store: listening on ADDR:PORT', and\n"
     "it serves until SIGINT or SIGTERM. Exit status: 0 after such a signal, 1 when it cannot\n"
-    "listen (e.g. the port is in use), 2 for bad flags.\n\n"
-    "usage: mcprun store [--host ADDR] [--port N] [-v]";
+    "listen (e.g. the port is in use), 2 for bad flags.";
 
 int usage_error(const std::string& message) {
   std::fprintf(stderr, "mcprun: error: %s\n", message.c_str());

@@ -29,23 +29,41 @@ namespace {
 
 /// What the store can be asked, whatever number a dialect gives it.
 enum class Query {
-  kValidate, kSet, kCompareSet, kGet, kAdd, kCheck, kWait, kNumKeys, kWatchKey, kDeleteKey,
-  kAppend, kMultiGet, kMultiSet, kCancelWait, kPing, kQueuePush, kQueuePop, kQueueLen,
-  kListKeys, kBarrier, kUnknown
+  kValidate,
+  kSet,
+  kCompareSet,
+  kGet,
+  kAdd,
+  kCheck,
+  kWait,
+  kNumKeys,
+  kWatchKey,
+  kDeleteKey,
+  kAppend,
+  kMultiGet,
+  kMultiSet,
+  kCancelWait,
+  kPing,
+  kQueuePush,
+  kQueuePop,
+  kQueueLen,
+  kListKeys,
+  kBarrier,
+  kUnknown
 };
 
 /// torch 1.x's QueryType (also torch 2.0's).
-constexpr std::array kTorch1Queries{Query::kSet,      Query::kCompareSet, Query::kGet,
-                                    Query::kAdd,      Query::kCheck,      Query::kWait,
-                                    Query::kNumKeys,  Query::kWatchKey,   Query::kDeleteKey};
+constexpr std::array kTorch1Queries{Query::kSet,     Query::kCompareSet, Query::kGet,
+                                    Query::kAdd,     Query::kCheck,      Query::kWait,
+                                    Query::kNumKeys, Query::kWatchKey,   Query::kDeleteKey};
 
 /// torch 2.x's QueryType (TCPStoreBackend.hpp) since VALIDATE came (pytorch#107607): WATCH_KEY is
 /// gone (pytorch#105014), APPEND to CANCEL_WAIT were added before, PING to BARRIER after.
 constexpr std::array kTorch2Queries{
-    Query::kValidate,  Query::kSet,        Query::kCompareSet, Query::kGet,       Query::kAdd,
-    Query::kCheck,     Query::kWait,       Query::kNumKeys,    Query::kDeleteKey, Query::kAppend,
-    Query::kMultiGet,  Query::kMultiSet,   Query::kCancelWait, Query::kPing,      Query::kQueuePush,
-    Query::kQueuePop,  Query::kQueueLen,   Query::kListKeys,   Query::kBarrier};
+    Query::kValidate, Query::kSet,      Query::kCompareSet, Query::kGet,       Query::kAdd,
+    Query::kCheck,    Query::kWait,     Query::kNumKeys,    Query::kDeleteKey, Query::kAppend,
+    Query::kMultiGet, Query::kMultiSet, Query::kCancelWait, Query::kPing,      Query::kQueuePush,
+    Query::kQueuePop, Query::kQueueLen, Query::kListKeys,   Query::kBarrier};
 
 Query decode_query(StoreDialect dialect, uint8_t code) {
   if (dialect == StoreDialect::kTorch1)
@@ -54,10 +72,10 @@ Query decode_query(StoreDialect dialect, uint8_t code) {
 }
 
 const char* query_name(Query query) {
-  constexpr std::array kNames{"VALIDATE",  "SET",        "COMPARE_SET", "GET",       "ADD",
-                              "CHECK",     "WAIT",       "GETNUMKEYS",  "WATCH_KEY", "DELETE_KEY",
-                              "APPEND",    "MULTI_GET",  "MULTI_SET",   "CANCEL_WAIT", "PING",
-                              "QUEUE_PUSH", "QUEUE_POP", "QUEUE_LEN",   "LIST_KEYS", "BARRIER",
+  constexpr std::array kNames{"VALIDATE",   "SET",       "COMPARE_SET", "GET",         "ADD",
+                              "CHECK",      "WAIT",      "GETNUMKEYS",  "WATCH_KEY",   "DELETE_KEY",
+                              "APPEND",     "MULTI_GET", "MULTI_SET",   "CANCEL_WAIT", "PING",
+                              "QUEUE_PUSH", "QUEUE_POP", "QUEUE_LEN",   "LIST_KEYS",   "BARRIER",
                               "unknown"};
   return kNames[static_cast<size_t>(query)];
 }
@@ -209,7 +227,8 @@ bool StoreState::present(std::string_view key) const {
 }
 
 bool StoreState::check(const std::vector<std::string_view>& keys) const {
-  return std::all_of(keys.begin(), keys.end(), [this](std::string_view key) { return present(key); });
+  return std::all_of(keys.begin(), keys.end(),
+                     [this](std::string_view key) { return present(key); });
 }
 
 bool StoreState::wait(uint64_t connection, const std::vector<std::string_view>& keys) {
@@ -261,9 +280,10 @@ void StoreState::wake(std::string_view key, bool only_one) {
   }
   // A queue push woke one waiter; the others keep waiting for the next push.
   if (next < connections.size())
-    waiting_on_.emplace(std::string(key),
-                        std::vector<uint64_t>(connections.begin() + static_cast<std::ptrdiff_t>(next),
-                                              connections.end()));
+    waiting_on_.emplace(
+        std::string(key),
+        std::vector<uint64_t>(connections.begin() + static_cast<std::ptrdiff_t>(next),
+                              connections.end()));
 }
 
 std::optional<bool> StoreState::barrier(uint64_t connection, std::string_view key,
@@ -538,7 +558,8 @@ bool StoreProtocol::execute(Reader& in, std::string& replies) {
         if (!reply_value(each, replies)) return false;
       break;
     case Query::kMultiSet:
-      for (size_t i = 0; i + 1 < keys_.size(); i += 2) state_.set(connection_, keys_[i], keys_[i + 1]);
+      for (size_t i = 0; i + 1 < keys_.size(); i += 2)
+        state_.set(connection_, keys_[i], keys_[i + 1]);
       break;
     case Query::kCancelWait:
       state_.cancel_wait(connection_);
@@ -602,9 +623,8 @@ class TcpStoreService : public StoreOutlet, public std::enable_shared_from_this<
       : acceptor_(std::move(acceptor)), accept_retry_(io), listener_(std::move(listener)) {
     int listening = 0;
     socklen_t size = sizeof listening;
-    if (::getsockopt(acceptor_.native_handle(), SOL_SOCKET, SO_ACCEPTCONN, &listening, &size) != 0 ||
-        !listening)
-      acceptor_.listen(asio::socket_base::max_listen_connections);
+    ::getsockopt(acceptor_.native_handle(), SOL_SOCKET, SO_ACCEPTCONN, &listening, &size);
+    if (!listening) acceptor_.listen(asio::socket_base::max_listen_connections);
     port_ = acceptor_.local_endpoint().port();
   }
 
@@ -680,11 +700,9 @@ class StoreSession : public std::enable_shared_from_this<StoreSession> {
   void read() {
     if (reading_ || closed_ || outbox_.size() + sending_.size() > kMaxQueuedReplyBytes) return;
     reading_ = true;
-    socket_.async_read_some(
-        asio::buffer(inbox_.data() + filled_, inbox_.size() - filled_),
-        [self = shared_from_this()](const boost::system::error_code& ec, size_t n) {
-          self->on_read(ec, n);
-        });
+    socket_.async_read_some(asio::buffer(inbox_.data() + filled_, inbox_.size() - filled_),
+                            [self = shared_from_this()](const boost::system::error_code& ec,
+                                                        size_t n) { self->on_read(ec, n); });
   }
 
   void on_read(const boost::system::error_code& ec, size_t n) {
@@ -756,11 +774,11 @@ class StoreSession : public std::enable_shared_from_this<StoreSession> {
   StoreProtocol protocol_;
   std::vector<char> inbox_;  ///< Bytes read and not yet consumed: [0, filled_).
   size_t filled_ = 0;
-  std::string outbox_;       ///< Replies not yet handed to the socket.
-  std::string sending_;      ///< Replies being written now.
+  std::string outbox_;   ///< Replies not yet handed to the socket.
+  std::string sending_;  ///< Replies being written now.
   bool reading_ = false;
   bool writing_ = false;
-  bool batching_ = false;    ///< Inside consume(): replies wait for the end of the batch.
+  bool batching_ = false;  ///< Inside consume(): replies wait for the end of the batch.
   bool closed_ = false;
 };
 
@@ -775,20 +793,20 @@ void TcpStoreService::stop() {
 }
 
 void TcpStoreService::accept() {
-  acceptor_.async_accept([self = shared_from_this()](const boost::system::error_code& ec,
-                                                     tcp::socket socket) {
-    if (self->stopped_ || ec == asio::error::operation_aborted) return;
-    if (!ec) {
-      self->admit(std::move(socket));
-      return self->accept();
-    }
-    spdlog::warn("store: cannot accept a connection: {}; retrying in {} ms", ec.message(),
-                 kAcceptRetryDelay.count());
-    self->accept_retry_.expires_after(kAcceptRetryDelay);
-    self->accept_retry_.async_wait([self](const boost::system::error_code& wait_ec) {
-      if (!wait_ec && !self->stopped_) self->accept();
-    });
-  });
+  acceptor_.async_accept(
+      [self = shared_from_this()](const boost::system::error_code& ec, tcp::socket socket) {
+        if (self->stopped_ || ec == asio::error::operation_aborted) return;
+        if (!ec) {
+          self->admit(std::move(socket));
+          return self->accept();
+        }
+        spdlog::warn("store: cannot accept a connection: {}; retrying in {} ms", ec.message(),
+                     kAcceptRetryDelay.count());
+        self->accept_retry_.expires_after(kAcceptRetryDelay);
+        self->accept_retry_.async_wait([self](const boost::system::error_code& wait_ec) {
+          if (!wait_ec && !self->stopped_) self->accept();
+        });
+      });
 }
 
 void TcpStoreService::admit(tcp::socket socket) {

@@ -4,7 +4,6 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
-
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -21,10 +20,11 @@ namespace mcprun {
 struct StoreEvent {
   enum class Kind { kConnected, kDisconnected, kSet, kAdd, kDeleted };
   Kind kind;
-  uint64_t connection = 0;                  ///< Unique per accepted connection.
-  boost::asio::ip::tcp::endpoint peer;      ///< The client's address and port.
-  std::string key;                          ///< For kSet (SET, successful COMPARE_SET, APPEND, each MULTI_SET key), kAdd, kDeleted.
-  int64_t value = 0;                        ///< For kAdd: the counter after the add.
+  uint64_t connection = 0;              ///< Unique per accepted connection.
+  boost::asio::ip::tcp::endpoint peer;  ///< The client's address and port.
+  /// For kSet (SET, successful COMPARE_SET, APPEND, each MULTI_SET key), kAdd, kDeleted.
+  std::string key;
+  int64_t value = 0;  ///< For kAdd: the counter after the add.
 };
 
 /// Which numbering a connection's queries use, decided from its first bytes.
@@ -74,8 +74,8 @@ class StoreState {
   /// torch's compare_set: stores `desired` when the value equals `expected`, or when the key is
   /// missing and `expected` is empty. Returns the value stored now, except that for a missing key
   /// and a non-empty `expected` it returns `expected`, as torch does. Valid until the next change.
-  std::string_view compare_set(uint64_t connection, std::string_view key,
-                               std::string_view expected, std::string_view desired);
+  std::string_view compare_set(uint64_t connection, std::string_view key, std::string_view expected,
+                               std::string_view desired);
   const std::string* get(std::string_view key) const;
   /// Adds to a counter kept as a decimal string; nullopt when the value there is not a number.
   std::optional<int64_t> add(uint64_t connection, std::string_view key, int64_t delta);
@@ -125,9 +125,9 @@ class StoreState {
   StoreOutlet& outlet_;
   StoreKeyMap<std::string> values_;
   StoreKeyMap<std::deque<std::string>> queues_;
-  StoreKeyMap<std::vector<uint64_t>> waiting_on_;        ///< key -> connections waiting for it.
+  StoreKeyMap<std::vector<uint64_t>> waiting_on_;  ///< key -> connections waiting for it.
   std::unordered_map<uint64_t, Waiter> waiters_;
-  StoreKeyMap<std::vector<uint64_t>> watchers_;          ///< key -> connections watching it.
+  StoreKeyMap<std::vector<uint64_t>> watchers_;  ///< key -> connections watching it.
   std::unordered_map<uint64_t, std::vector<std::string>> watched_by_;  ///< For dropping a watcher.
 };
 

@@ -151,7 +151,10 @@ std::vector<WorkerStatus> WorkerGroup::status() const {
 }
 
 void WorkerGroup::dump_stalled_workers() {
+  if (!config_.stack_dumps)
+    for (Worker& worker : workers_) worker.stack_file.clear();
   if (stall_listener_) stall_listener_(*stall_, status());
+  if (!config_.stack_dumps) return;
   std::vector<StackDumpRequest> requests;
   for (const Worker& worker : workers_)
     if (worker.running) requests.push_back({worker.pid, worker.stack_file});
@@ -196,6 +199,7 @@ AttemptResult WorkerGroup::run_attempt(int restart_count, const AttemptFiles& fi
     worker.outcome.rank = slot.identity.rank;
     worker.outcome.local_rank = local_rank;
     worker.outcome.error_file = rank_dir / "error.json";
+    worker.dir = rank_dir;
     worker.stack_file = rank_dir / "stacks.txt";
   }
 
@@ -205,7 +209,7 @@ AttemptResult WorkerGroup::run_attempt(int restart_count, const AttemptFiles& fi
                                          worker.outcome.error_file.string(), inherited_);
     delta.insert(plan_.extra_env.begin(), plan_.extra_env.end());
     if (config_.nccl_debug && !inherited_.contains("NCCL_DEBUG_FILE"))
-      delta["NCCL_DEBUG_FILE"] = nccl_log_pattern(worker.stack_file.parent_path());
+      delta["NCCL_DEBUG_FILE"] = nccl_log_pattern(worker.dir);
     SpawnRequest request{plan_.argv, merge_environment(inherited_, delta),
                          worker.slot->cpus, worker.output->child_stdout(),
                          worker.output->child_stderr()};

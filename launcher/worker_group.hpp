@@ -84,7 +84,8 @@ class WorkerGroup {
     bool running = false;
     std::unique_ptr<RankOutput> output;
     WorkerOutcome outcome;
-    std::filesystem::path stack_file;
+    std::filesystem::path dir;         ///< <attempt dir>/<local rank>: its logs and dumps.
+    std::filesystem::path stack_file;  ///< Empty under --no-stack-dumps.
     std::vector<std::string> tracebacks;  ///< stderr after SIGABRT: faulthandler's dump.
   };
   void wait_for_signals();

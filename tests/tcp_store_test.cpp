@@ -117,11 +117,11 @@ TEST_F(TcpStoreProtocolTest, CompareSetFollowsTorch) {
   auto cas = [&](std::string key, std::string expected, std::string desired) {
     return send(one, query(torch1::kCompareSet) + str(key) + str(expected) + str(desired));
   };
-  EXPECT_EQ(cas("m", "", "x"), str("x"));   // Missing key, empty expected: created.
+  EXPECT_EQ(cas("m", "", "x"), str("x"));    // Missing key, empty expected: created.
   EXPECT_EQ(cas("m2", "e", "y"), str("e"));  // Missing key, other expected: torch answers it back.
   EXPECT_EQ(state.get("m2"), nullptr);
-  EXPECT_EQ(cas("m", "x", "z"), str("z"));   // Match.
-  EXPECT_EQ(cas("m", "bad", "q"), str("z")); // Mismatch: the current value.
+  EXPECT_EQ(cas("m", "x", "z"), str("z"));    // Match.
+  EXPECT_EQ(cas("m", "bad", "q"), str("z"));  // Mismatch: the current value.
   EXPECT_EQ(outlet.changes, (std::vector<RecordingOutlet::Change>{{Kind::kSet, 1, "m", 0},
                                                                   {Kind::kSet, 1, "m", 0}}));
 }
@@ -145,16 +145,15 @@ TEST_F(TcpStoreProtocolTest, PipelinedAndSplitRequestsGetTheSameReplies) {
   const std::string torch2_script =
       kHandshake + query(torch2::kPing) + raw<uint32_t>(4242) + query(torch2::kSet) + str("a") +
       str("v") + query(torch2::kGet) + str("a") + query(torch2::kGet) + str("missing") +
-      query(torch2::kListKeys) + query(torch2::kMultiSet) + raw<int64_t>(2) + str("p") +
-      str("1") + str("q") + str("") + query(torch2::kMultiGet) + raw<uint64_t>(2) + str("q") +
-      str("p");
+      query(torch2::kListKeys) + query(torch2::kMultiSet) + raw<int64_t>(2) + str("p") + str("1") +
+      str("q") + str("") + query(torch2::kMultiGet) + raw<uint64_t>(2) + str("q") + str("p");
   for (size_t chunk : {size_t{1}, size_t{3}, size_t{5}, size_t{100}}) {
     RecordingOutlet fresh_outlet;
     StoreState fresh{fresh_outlet};
     StoreProtocol client(fresh, 1);
-    EXPECT_EQ(send_in_pieces(client, torch2_script, chunk),
-              raw<uint32_t>(4242) + str("v") + str("") + raw<int64_t>(1) + str("a") + str("") +
-                  str("1"))
+    EXPECT_EQ(
+        send_in_pieces(client, torch2_script, chunk),
+        raw<uint32_t>(4242) + str("v") + str("") + raw<int64_t>(1) + str("a") + str("") + str("1"))
         << chunk;
     EXPECT_EQ(client.dialect(), StoreDialect::kTorch2);
   }
@@ -218,10 +217,10 @@ TEST_F(TcpStoreProtocolTest, WatchKeySendsTorch1NoticesOnEveryChange) {
   send(three, kHandshake + query(torch2::kSet) + str("w") + str("b"));
   send(three, query(torch2::kAppend) + str("w") + str("c"));
   send(three, query(torch2::kDeleteKey) + str("w"));
-  EXPECT_EQ(outlet.delivered[1], "\1" + str("w") + str("") + str("a") +   // KEY_CREATED
-                                 "\0"s + str("w") + str("a") + str("b") +  // KEY_UPDATED
-                                 "\4" + str("w") + str("") + str("c") +    // KEY_APPENDED
-                                 "\2" + str("w") + str("bc") + str(""));   // KEY_DELETED
+  EXPECT_EQ(outlet.delivered[1], "\1" + str("w") + str("") + str("a") +        // KEY_CREATED
+                                     "\0"s + str("w") + str("a") + str("b") +  // KEY_UPDATED
+                                     "\4" + str("w") + str("") + str("c") +    // KEY_APPENDED
+                                     "\2" + str("w") + str("bc") + str(""));   // KEY_DELETED
   const std::string before_close = outlet.delivered[1];
   state.drop_connection(1);
   send(three, query(torch2::kSet) + str("w") + str("again"));
@@ -232,8 +231,7 @@ TEST_F(TcpStoreProtocolTest, CountersParseLikeStollAndWrapOnOverflow) {
   state.set(0, "c", "  12abc");
   EXPECT_EQ(send(one, query(torch1::kAdd) + str("c") + raw<int64_t>(1)), raw<int64_t>(13));
   state.set(0, "max", std::to_string(INT64_MAX));
-  EXPECT_EQ(send(one, query(torch1::kAdd) + str("max") + raw<int64_t>(1)),
-            raw<int64_t>(INT64_MIN));
+  EXPECT_EQ(send(one, query(torch1::kAdd) + str("max") + raw<int64_t>(1)), raw<int64_t>(INT64_MIN));
   EXPECT_EQ(send(one, query(torch1::kAdd) + str("zero") + raw<int64_t>(0)), raw<int64_t>(0));
   EXPECT_EQ(*state.get("zero"), "0");
   EXPECT_EQ(outlet.changes.back(), (RecordingOutlet::Change{Kind::kAdd, 1, "zero", 0}));
@@ -294,11 +292,10 @@ TEST_F(TcpStoreProtocolTest, ChangesAreReportedPerKey) {
   send(one, kHandshake + query(torch2::kMultiSet) + raw<int64_t>(2) + str("x") + str("1") +
                 str("y") + str("2") + query(torch2::kAppend) + str("x") + str("3") +
                 query(torch2::kDeleteKey) + str("y") + query(torch2::kDeleteKey) + str("y"));
-  EXPECT_EQ(outlet.changes,
-            (std::vector<RecordingOutlet::Change>{{Kind::kSet, 1, "x", 0},
-                                                  {Kind::kSet, 1, "y", 0},
-                                                  {Kind::kSet, 1, "x", 0},
-                                                  {Kind::kDeleted, 1, "y", 0}}));
+  EXPECT_EQ(outlet.changes, (std::vector<RecordingOutlet::Change>{{Kind::kSet, 1, "x", 0},
+                                                                  {Kind::kSet, 1, "y", 0},
+                                                                  {Kind::kSet, 1, "x", 0},
+                                                                  {Kind::kDeleted, 1, "y", 0}}));
   EXPECT_EQ(*state.get("x"), "13");
 }
 
@@ -355,8 +352,8 @@ TEST_F(TcpStoreServerTest, ServesClientsAndReportsWhatTheyDo) {
   asio::write(waiter,
               asio::buffer(kHandshake + query(torch2::kWait) + raw<uint64_t>(1) + str("k")));
   EXPECT_TRUE(serve_until([&] { return server.connection_count() == 2; }));
-  asio::write(setter, asio::buffer(query(torch1::kSet) + str("k") + str("v") +
-                                   query(torch1::kAdd) + str("n") + raw<int64_t>(4)));
+  asio::write(setter, asio::buffer(query(torch1::kSet) + str("k") + str("v") + query(torch1::kAdd) +
+                                   str("n") + raw<int64_t>(4)));
   EXPECT_EQ(receive(setter, 8), raw<int64_t>(4));
   EXPECT_EQ(receive(waiter, 1), std::string(1, '\0'));
   const tcp::endpoint setter_address = setter.local_endpoint();

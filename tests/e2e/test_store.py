@@ -237,6 +237,14 @@ class Store(StoreTestCase):
         self.assertEqual(store.get("sum"), str(sum(r - 7 for r in range(world))).encode())
         self.assertEqual(store.num_keys(), world + 2)
 
+    def test_hundreds_of_connections_wait_and_are_woken_by_one_set(self):
+        waiters = [self.raw() for _ in range(500)]
+        for i, waiter in enumerate(waiters):
+            waiter.send(WAIT + u64(2) + s("/go") + s(f"/own{i}") + SET + s(f"/own{i}") + s("x"))
+        self.assertEqual(waiters[-1].ask(NUM_KEYS, 8), i64(500))  # Every wait is in.
+        self.client().set("go", "now")
+        self.assertEqual([waiter.recv(1) for waiter in waiters], [b"\x00"] * 500)
+
     def test_compare_set_follows_torch(self):
         store = self.client()
         self.assertEqual(store.compare_set("k", "", "first"), b"first")  # Missing, empty expected.
@@ -348,7 +356,7 @@ class CommandLine(StoreTestCase):
     def test_help_explains_the_store(self):
         code, out, err = self.run_mcprun("store", "--help", timeout=10)
         self.assertEqual(code, 0, err)
-        self.assertIn("usage: mcprun store", out)
+        self.assertIn("Usage: mcprun store", out)
         self.assertIn("TORCHELASTIC_USE_AGENT_STORE", out)
         self.assertIn("--port", out)
 
