@@ -17,12 +17,13 @@ using tcp = asio::ip::tcp;
 
 
 RendezvousClient::RendezvousClient(asio::io_context& io, std::string endpoint)
-    : io_(io), endpoint_(std::move(endpoint)), socket_(io), heartbeat_timer_(io) {}
+    : io_(io), endpoint_(std::move(endpoint)), socket_(io), heartbeat_timer_(io), reconnect_timer_(io) {}
 
 RendezvousClient::~RendezvousClient() {
   *alive_ = false;
   boost::system::error_code ignored;
   heartbeat_timer_.cancel();
+  reconnect_timer_.cancel();
   socket_.close(ignored);
 }
 
@@ -69,6 +70,7 @@ std::variant<Assignment, std::string> RendezvousClient::join(nlohmann::json join
   if (auto error = connect()) return *error;
   if (!join.contains("addr") || join["addr"].get<std::string>().empty()) join["addr"] = local_address();
   join["type"] = "join";
+  join_ = join;
   std::optional<nlohmann::json> reply;
   on_message_ = [&](const nlohmann::json& message) {
     if (message["type"] == "joined") {
@@ -91,9 +93,10 @@ std::variant<Assignment, std::string> RendezvousClient::join(nlohmann::json join
   if (message["type"] == "error") return "rendezvous: " + message.value("message", std::string("refused"));
   if (message["type"] != "assignment") return "rendezvous: unexpected reply " + message.dump();
   try {
-    return Assignment{message.at("group_rank"), message.at("group_world_size"),
-                      message.at("world_size"), message.at("rank_offset"),
-                      message.at("master_addr"), message.at("master_port")};
+    assignment_ = Assignment{message.at("group_rank"), message.at("group_world_size"),
+                             message.at("world_size"), message.at("rank_offset"),
+                             message.at("master_addr"), message.at("master_port")};
+    return *assignment_;
   } catch (const nlohmann::json::exception& error) {
     return std::string("rendezvous: malformed assignment: ") + error.what();
   }
@@ -142,36 +145,30 @@ void RendezvousClient::report_done() {
 void RendezvousClient::send(const nlohmann::json& message) {
   if (closed_) return;
   const bool idle = writes_.empty();
-  writes_.push_back(encode_frame(message));
-  if (idle) write_next();
+  writes_.push_back(encode_frame(message));  // Held while reconnecting, sent after the rejoin.
+  if (idle && !reconnecting_) write_next();
 }
 
 void RendezvousClient::write_next() {
   asio::async_write(socket_, asio::buffer(writes_.front()),
                     [this, alive = alive_](boost::system::error_code ec, size_t) {
-                      if (!*alive) return;
-                      if (ec) {
-                        closed_ = true;
-                        writes_.clear();
-                        return;
-                      }
+                      if (!*alive || reconnecting_) return;
+                      if (ec) return connection_lost();
                       writes_.pop_front();
                       if (!writes_.empty()) write_next();
                     });
 }
 
 void RendezvousClient::flush(std::chrono::milliseconds limit) {
-  run_until(io_, [this] { return writes_.empty() || closed_; }, limit);
+  run_until(io_, [this] { return (writes_.empty() && !reconnecting_) || closed_; }, limit);
 }
 
 void RendezvousClient::read() {
   socket_.async_read_some(asio::buffer(chunk_), [this, alive = alive_](boost::system::error_code ec,
                                                                       size_t n) {
-    if (!*alive) return;
+    if (!*alive || reconnecting_) return;
     if (ec) {
-      closed_ = true;
-      if (on_message_ && ec != asio::error::operation_aborted)
-        on_message_({{"type", "lost"}, {"node", "the rendezvous at " + endpoint_}});
+      if (ec != asio::error::operation_aborted) connection_lost();
       return;
     }
     buffer_.append(chunk_.data(), n);
@@ -190,6 +187,59 @@ void RendezvousClient::read() {
       break;
     }
     read();
+  });
+}
+
+void RendezvousClient::connection_lost() {
+  if (reconnecting_ || closed_) return;
+  boost::system::error_code ignored;
+  socket_.close(ignored);
+  if (!assignment_) {
+    closed_ = true;
+    writes_.clear();
+    if (on_message_) on_message_({{"type", "lost"}, {"node", "the rendezvous at " + endpoint_}});
+    return;
+  }
+  spdlog::warn("lost the rendezvous at {}; the workers keep running while this node reconnects "
+               "(up to {} s)", endpoint_, kReconnectTimeout.count());
+  reconnecting_ = true;
+  heartbeating_ = false;
+  heartbeat_timer_.cancel();
+  buffer_.clear();
+  // A frame cut mid-write would corrupt the new stream; whole frames queued later are kept.
+  if (!writes_.empty()) writes_.pop_front();
+  reconnect_deadline_ = Clock::now() + kReconnectTimeout;
+  try_reconnect(kReconnectBackoffStart);
+}
+
+void RendezvousClient::try_reconnect(std::chrono::milliseconds backoff) {
+  reconnect_timer_.expires_after(backoff);
+  reconnect_timer_.async_wait([this, backoff, alive = alive_](boost::system::error_code ec) {
+    if (!*alive || ec) return;
+    if (connect()) {
+      if (Clock::now() < reconnect_deadline_) return try_reconnect(std::min(backoff * 2, kReconnectBackoffMax));
+      spdlog::error("the rendezvous at {} stayed unreachable for {} s", endpoint_, kReconnectTimeout.count());
+      reconnecting_ = false;
+      closed_ = true;
+      writes_.clear();
+      if (on_message_) on_message_({{"type", "lost"}, {"node", "the rendezvous at " + endpoint_}});
+      return;
+    }
+    nlohmann::json rejoin = join_;
+    rejoin["type"] = "rejoin";
+    rejoin["assignment"] = {{"group_rank", assignment_->group_rank},
+                            {"group_world_size", assignment_->group_world_size},
+                            {"world_size", assignment_->world_size},
+                            {"rank_offset", assignment_->rank_offset},
+                            {"master_addr", assignment_->master_addr},
+                            {"master_port", assignment_->master_port}};
+    spdlog::info("reconnected to the rendezvous at {}; re-registering node rank {}", endpoint_,
+                 assignment_->group_rank);
+    reconnecting_ = false;
+    writes_.push_front(encode_frame(rejoin));
+    write_next();
+    read();
+    heartbeat();
   });
 }
 

@@ -17,6 +17,7 @@
 #include <variant>
 
 #include "launcher/rank_plan.hpp"
+#include "rendezvousd/rendezvous_round.hpp"
 
 namespace mcprun {
 
@@ -24,6 +25,12 @@ namespace mcprun {
 inline constexpr std::chrono::seconds kRendezvousConnectTimeout{10};
 /// Heartbeat period until the daemon names its own (a third of its lease) in "joined".
 inline constexpr std::chrono::milliseconds kDefaultHeartbeatInterval{3000};
+/// How long a running job's agent keeps trying to reach a restarted rendezvousd before it gives
+/// the job up; its workers run on meanwhile.
+inline constexpr std::chrono::seconds kReconnectTimeout{60};
+/// Reconnect attempts start this far apart and double up to kReconnectBackoffMax.
+inline constexpr std::chrono::milliseconds kReconnectBackoffStart{100};
+inline constexpr std::chrono::milliseconds kReconnectBackoffMax{1000};
 
 /// This node's share of a completed round.
 using Assignment = JobPlacement;
@@ -69,6 +76,10 @@ class RendezvousClient {
  private:
   /// Connects over TCP or the unix socket; an error line on failure.
   std::optional<std::string> connect();
+  /// The connection broke: before the assignment that is the end; after it, reconnect and
+  /// re-register this node's live assignment, so a daemon restart costs the job nothing.
+  void connection_lost();
+  void try_reconnect(std::chrono::milliseconds backoff);
   void write_next();
   void read();
   /// Starts the heartbeat loop once.
@@ -84,6 +95,11 @@ class RendezvousClient {
   std::string buffer_;
   std::array<char, 4096> chunk_;
   std::deque<std::string> writes_;
+  nlohmann::json join_;                   ///< As sent; a rejoin repeats it with the assignment.
+  std::optional<Assignment> assignment_;  ///< Set once the round completed.
+  bool reconnecting_ = false;
+  Clock::time_point reconnect_deadline_;
+  boost::asio::steady_timer reconnect_timer_;
   std::function<void(const nlohmann::json&)> on_message_;
   bool closed_ = false;
   bool heartbeating_ = false;

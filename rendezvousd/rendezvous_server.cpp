@@ -188,6 +188,7 @@ void RendezvousServer::on_message(const std::shared_ptr<AgentSession>& session,
                                   const nlohmann::json& message) {
   const std::string type = message["type"];
   if (type == "join") return handle_join(session, message);
+  if (type == "rejoin") return handle_rejoin(session, message);
   if (session->job_id.empty()) return session->refuse("'" + type + "' before 'join'");
   Job* current = job_of(*session);
   if (!current) return;  // A message about a round that has been replaced.
@@ -231,24 +232,33 @@ void RendezvousServer::on_message(const std::shared_ptr<AgentSession>& session,
   session->refuse("unknown message type '" + type + "'");
 }
 
-void RendezvousServer::handle_join(const std::shared_ptr<AgentSession>& session,
-                                   const nlohmann::json& message) {
-  if (!session->job_id.empty()) return session->refuse("second 'join' on one connection");
-  if (!settings_.token.empty() &&
-      !tokens_equal(message.value("token", std::string()), settings_.token))
-    return session->refuse("authentication failed: wrong or missing token");
+namespace {
+
+/// What a join (or a rejoin) asks for.
+struct JoinRequest {
   std::string job_id;
   NodeInfo node;
   RoundSettings round;
-  round.label_precedence = settings_.label_precedence;
+};
+
+/// Authenticates and parses a join; a one-line reason when refused.
+std::variant<JoinRequest, std::string> parse_join(const nlohmann::json& message,
+                                                  const std::string& peer_address,
+                                                  const ServerSettings& settings) {
+  if (!settings.token.empty() && !tokens_equal(message.value("token", std::string()), settings.token))
+    return std::string("authentication failed: wrong or missing token");
+  JoinRequest request;
+  NodeInfo& node = request.node;
+  RoundSettings& round = request.round;
+  round.label_precedence = settings.label_precedence;
   try {
-    job_id = message.at("job").get<std::string>();
+    request.job_id = message.at("job").get<std::string>();
     node.node = message.at("node").get<std::string>();
     node.nproc = message.at("nproc").get<int>();
     node.master_port = message.value("master_port", 0);
     node.requested_rank = message.value("node_rank", -1);
     node.addr = message.value("addr", std::string());
-    if (node.addr.empty()) node.addr = session->peer_address();
+    if (node.addr.empty()) node.addr = peer_address;
     node.labels = message.value("labels", std::map<std::string, std::string>{});
     if (auto gpus = message.find("gpus"); gpus != message.end() && gpus->is_array())
       node.gpu_count = static_cast<int>(gpus->size());
@@ -259,11 +269,22 @@ void RendezvousServer::handle_join(const std::shared_ptr<AgentSession>& session,
     round.last_call_timeout = std::chrono::milliseconds(
         static_cast<long>(1000 * message.value("last_call_timeout_s", 5.0)));
   } catch (const nlohmann::json::exception& error) {
-    return session->refuse(std::string("malformed join: ") + error.what());
+    return std::string("malformed join: ") + error.what();
   }
-  if (job_id.empty() || node.node.empty() || node.nproc < 1 || round.min_nodes < 1 ||
+  if (request.job_id.empty() || node.node.empty() || node.nproc < 1 || round.min_nodes < 1 ||
       round.max_nodes < round.min_nodes)
-    return session->refuse("malformed join: job, node, nproc >= 1 and 1 <= min <= max required");
+    return std::string("malformed join: job, node, nproc >= 1 and 1 <= min <= max required");
+  return request;
+}
+
+}  // namespace
+
+void RendezvousServer::handle_join(const std::shared_ptr<AgentSession>& session,
+                                   const nlohmann::json& message) {
+  if (!session->job_id.empty()) return session->refuse("second 'join' on one connection");
+  auto parsed = parse_join(message, session->peer_address(), settings_);
+  if (auto* error = std::get_if<std::string>(&parsed)) return session->refuse(*error);
+  auto& [job_id, node, round] = std::get<JoinRequest>(parsed);
 
   auto it = jobs_.find(job_id);
   if (it == jobs_.end() || it->second.finished) {
@@ -283,6 +304,59 @@ void RendezvousServer::handle_join(const std::shared_ptr<AgentSession>& session,
   }
   if (!join_round(job_id, session, node)) return;
   advance(job_id);
+}
+
+void RendezvousServer::handle_rejoin(const std::shared_ptr<AgentSession>& session,
+                                     const nlohmann::json& message) {
+  if (!session->job_id.empty()) return session->refuse("'rejoin' on a joined connection");
+  auto parsed = parse_join(message, session->peer_address(), settings_);
+  if (auto* error = std::get_if<std::string>(&parsed)) return session->refuse(*error);
+  auto& [job_id, node, round] = std::get<JoinRequest>(parsed);
+  int world_size = 0, group_world_size = 0;
+  try {
+    world_size = message.at("assignment").at("world_size").get<int>();
+    group_world_size = message.at("assignment").at("group_world_size").get<int>();
+  } catch (const nlohmann::json::exception& error) {
+    return session->refuse(std::string("malformed rejoin: ") + error.what());
+  }
+
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end() || it->second.finished) {
+    // This daemon restarted (or forgot the job): rebuild the running job from its agents.
+    Job& job = open_round(job_id, round);
+    job.running = true;
+    job.world_size = world_size;
+    job.expected_nodes = group_world_size;
+    spdlog::info("job {}: rebuilding a running job of {} node(s) from its agents", job_id,
+                 group_world_size);
+    // Nodes that do not come back within a lease are lost, as if they had gone silent.
+    job.deadline->expires_after(settings_.lease);
+    job.deadline->async_wait([this, job_id, generation = job.generation](boost::system::error_code ec) {
+      auto found = jobs_.find(job_id);
+      if (ec || found == jobs_.end() || found->second.generation != generation) return;
+      Job& rebuilt = found->second;
+      if (static_cast<int>(rebuilt.members.size()) >= rebuilt.expected_nodes) return;
+      const std::string missing = std::to_string(rebuilt.expected_nodes - rebuilt.members.size()) +
+                                  " node(s) that did not come back after the restart";
+      spdlog::warn("job {}: {}; stopping every node", job_id, missing);
+      broadcast(rebuilt, {{"type", "lost"}, {"node", missing}});
+      finish(job_id);
+    });
+    it = jobs_.find(job_id);
+  }
+  Job& job = it->second;
+  if (!job.running || job.world_size != world_size)
+    return session->refuse("job " + job_id + " runs a different round; this node's assignment "
+                           "is stale");
+  session->job_id = job_id;
+  session->generation = job.generation;
+  session->node = node.node;
+  job.members[node.node] = session;
+  session->send({{"type", "joined"},
+                 {"heartbeat_interval_ms", std::max<long>(50, settings_.lease.count() / 3)}});
+  spdlog::info("job {}: {} re-registered ({} of {} node(s))", job_id, node.node,
+               job.members.size(), job.expected_nodes);
+  if (static_cast<int>(job.members.size()) >= job.expected_nodes) job.deadline->cancel();
 }
 
 RendezvousServer::Job& RendezvousServer::open_round(const std::string& job_id,
@@ -326,6 +400,7 @@ void RendezvousServer::advance(const std::string& job_id) {
       job.deadline->cancel();
       const RoundResult& result = job.round->result();
       job.world_size = result.world_size;
+      job.expected_nodes = static_cast<int>(result.nodes.size());
       for (const auto& node : result.nodes) {
         auto member = job.members[node.node].lock();
         if (!member) continue;
@@ -383,6 +458,10 @@ void RendezvousServer::on_closed(const std::shared_ptr<AgentSession>& session) {
   if (!current) return;
   Job& job = *current;
   if (job.finished || session->done) return;
+  // The node re-registered on a new connection before this one's end was noticed.
+  if (auto member = job.members.find(session->node);
+      member != job.members.end() && member->second.lock() != session)
+    return;
   if (!job.running) {
     job.round->leave(session->node);
     job.members.erase(session->node);

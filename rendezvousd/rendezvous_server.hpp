@@ -57,6 +57,7 @@ class RendezvousServer {
     std::set<std::string> done_nodes;  ///< Nodes whose workers all succeeded.
     uint64_t generation = 0;           ///< Tells a restarted job from the round it replaced.
     int world_size = 0;                ///< Of the running round.
+    int expected_nodes = 0;            ///< Nodes of the running round.
     std::map<std::string, std::set<int>> barriers;  ///< Helper barrier name -> ranks there.
     std::unique_ptr<boost::asio::steady_timer> deadline;
     bool running = false;
@@ -73,6 +74,8 @@ class RendezvousServer {
   bool join_round(const std::string& job_id, const std::shared_ptr<AgentSession>& session,
                   const NodeInfo& node);
   void handle_join(const std::shared_ptr<AgentSession>& session, const nlohmann::json& message);
+  /// An agent of a running job re-registers after losing its connection (a daemon restart).
+  void handle_rejoin(const std::shared_ptr<AgentSession>& session, const nlohmann::json& message);
   void advance(const std::string& job_id);
   void broadcast(Job& job, const nlohmann::json& message, const std::string& except_node = "");
   void finish(const std::string& job_id);

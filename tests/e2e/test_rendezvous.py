@@ -25,11 +25,17 @@ class RendezvousTestCase(LauncherTestCase):
     def setUp(self):
         super().setUp()
         self.daemon_log = os.path.join(self.tmp, "rendezvousd.log")
-        log = open(self.daemon_log, "w")
-        self.daemon = subprocess.Popen([RENDEZVOUSD, "--listen", "127.0.0.1:0", "--lease", "2"],
+        self.start_daemon("127.0.0.1:0")
+
+    def start_daemon(self, listen):
+        """Starts rendezvousd (appending to its log) and waits until it listens."""
+        log = open(self.daemon_log, "a")
+        started_at = log.tell()
+        self.daemon = subprocess.Popen([RENDEZVOUSD, "--listen", listen, "--lease", "2"],
                                        stderr=log, stdout=log, start_new_session=True)
         log.close()
-        port = wait_for(lambda: re.search(r"listening on 127\.0\.0\.1:(\d+)", self.read_log()), 10)
+        port = wait_for(lambda: re.search(r"listening on 127\.0\.0\.1:(\d+)",
+                                          self.read_log()[started_at:]), 10)
         self.assertTrue(port, "rendezvousd did not start: " + self.read_log())
         self.endpoint = "127.0.0.1:" + port.group(1)
 
@@ -271,6 +277,27 @@ class Rendezvous(RendezvousTestCase):
             with open(os.path.join(self.tmp, name)) as f:
                 lines += f.read().split("\n")[:-1]
         self.assertEqual(sorted(lines), ["1 0", "2 0", "2 0"])
+
+
+class DaemonRestart(RendezvousTestCase):
+    def test_sigkill_and_restart_of_the_daemon_costs_the_job_nothing(self):
+        behaviour = ('echo "$TORCHELASTIC_RESTART_COUNT" >> "$MCPRUN_TEST_DIR/starts.$RANK"; '
+                     'while [ ! -e "$MCPRUN_TEST_DIR/go" ]; do sleep 0.05; done')
+        agents = [self.agent(f"node{i}", nnodes="2", extra_env={f"BEHAVIOUR_{r}": behaviour for r in range(4)})
+                  for i in range(2)]
+        self.assertTrue(wait_for(lambda: len(self.files("starts.")) == 4, 30), self.read_log())
+        self.daemon.kill()
+        self.daemon.wait()
+        self.start_daemon(self.endpoint)
+        self.assertTrue(wait_for(lambda: "rebuilding a running job" in self.read_log() and
+                                 "(2 of 2 node(s))" in self.read_log(), 30), self.read_log())
+        open(os.path.join(self.tmp, "go"), "w").close()
+        for code, _, err in self.finish(agents):
+            self.assertEqual(code, 0, err)
+            self.assertIn("re-registering node rank", err)
+        for name in self.files("starts."):
+            with open(os.path.join(self.tmp, name)) as f:
+                self.assertEqual(f.read(), "0\n", "a worker was restarted")
 
 
 class StaticBackend(LauncherTestCase):
