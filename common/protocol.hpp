@@ -5,6 +5,10 @@
 //   join       agent->daemon  job, node, addr, nproc, labels{}, token, node_rank (-1: any),
 //                             gpus[{local_rank, bus_id, numa_node, switch, uuid}] (logged),
 //                             min_nodes, max_nodes, join_timeout_s, last_call_timeout_s
+//   rejoin     agent->daemon  the join's fields + assignment{group_rank, group_world_size,
+//                             world_size, rank_offset, master_addr, master_port}: a running
+//                             node re-registers after its connection broke (a daemon restart);
+//                             a daemon that lost the job rebuilds it from these
 //   joined     daemon->agent  heartbeat_interval_ms: the join was accepted; heartbeat this often
 //   assignment daemon->agent  round, group_rank, group_world_size, world_size, rank_offset,
 //                             master_addr, master_port (no node list: that would make a round
