@@ -1,5 +1,7 @@
 #include "common/protocol.hpp"
 
+#include <fstream>
+
 namespace mcprun {
 
 std::string encode_frame(nlohmann::json message) {
@@ -35,6 +37,13 @@ FrameResult decode_frame(std::string_view buffer) {
   auto type = message.find("type");
   if (type == message.end() || !type->is_string()) return FrameError{"message has no string \"type\""};
   return Frame{std::move(message), kFrameHeaderBytes + length};
+}
+
+std::optional<std::string> read_token_file(const std::string& path) {
+  std::ifstream in(path);
+  std::string token;
+  if (!in || !std::getline(in, token) || token.empty()) return std::nullopt;
+  return token;
 }
 
 bool tokens_equal(std::string_view presented, std::string_view expected) {

@@ -67,4 +67,7 @@ FrameResult decode_frame(std::string_view buffer);
 /// Compares a presented token with the expected one in time independent of where they differ.
 bool tokens_equal(std::string_view presented, std::string_view expected);
 
+/// The token in the first line of `path`; nullopt when unreadable or empty.
+std::optional<std::string> read_token_file(const std::string& path);
+
 }  // namespace mcprun

@@ -11,8 +11,10 @@
 #include "common/event_loop.hpp"
 #include "common/exit_status.hpp"
 #include "common/logging.hpp"
+#include "common/protocol.hpp"
 #include "common/topology.hpp"
 #include "launcher/failure_report.hpp"
+#include "launcher/operator_command.hpp"
 #include "launcher/port_reservation.hpp"
 #include "launcher/rank_plan.hpp"
 #include "launcher/rendezvous_client.hpp"
@@ -240,11 +242,9 @@ int launch(const LaunchConfig& config) {
             {"join_timeout_s", config.join_timeout},
             {"last_call_timeout_s", config.last_call_timeout}};
     if (!config.rdzv_token_file.empty()) {
-      std::ifstream in(config.rdzv_token_file);
-      std::string token;
-      if (!in || !std::getline(in, token) || token.empty())
-        return usage_error("--rdzv-token-file " + config.rdzv_token_file + ": cannot read a token");
-      join["token"] = token;
+      auto token = read_token_file(config.rdzv_token_file);
+      if (!token) return usage_error("--rdzv-token-file " + config.rdzv_token_file + ": cannot read a token");
+      join["token"] = *token;
     }
   }
   /// One rendezvous round: join, then move the plan to its place in the job.
@@ -468,6 +468,10 @@ int main(int argc, char** argv) {
   ::signal(SIGPIPE, SIG_IGN);
   std::vector<std::string> args(argv + 1, argv + argc);
   try {
+    if (!args.empty() && (args.front() == "jobs" || args.front() == "status" || args.front() == "stop")) {
+      init_logging("mcprun", false);
+      return run_operator_command(args);
+    }
     if (!args.empty() && args.front() == "topo") {
       init_logging("mcprun", false);
       return show_topology();

@@ -1,118 +1,17 @@
 #include "rendezvousd/rendezvous_server.hpp"
 
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
-
-#include <boost/asio/write.hpp>
-#include <deque>
 
 #include "common/logging.hpp"
 #include "common/protocol.hpp"
+#include "rendezvousd/agent_session.hpp"
 
 namespace mcprun {
 
 namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
-
-/// One agent connection: framed reads under a deadline, queued writes.
-class AgentSession : public std::enable_shared_from_this<AgentSession> {
- public:
-  AgentSession(asio::generic::stream_protocol::socket socket, RendezvousServer& server,
-               std::string peer, std::string peer_address)
-      : socket_(std::move(socket)),
-        deadline_(socket_.get_executor()),
-        server_(server),
-        peer_(std::move(peer)),
-        peer_address_(std::move(peer_address)) {}
-
-  void start() {
-    arm_deadline(server_.settings().first_message_timeout);
-    read();
-  }
-
-  void send(const nlohmann::json& message) {
-    if (closed_) return;
-    const bool idle = writes_.empty();
-    writes_.push_back(encode_frame(message));
-    if (idle) write_next();
-  }
-
-  /// Sends a last error message, then closes once it is written.
-  void refuse(const std::string& reason) {
-    spdlog::warn("{}: {}", peer_, reason);
-    send({{"type", "error"}, {"message", reason}});
-    close_after_write_ = true;
-  }
-
-  void close() {
-    if (closed_) return;
-    closed_ = true;
-    boost::system::error_code ignored;
-    deadline_.cancel();
-    socket_.shutdown(asio::socket_base::shutdown_both, ignored);
-    socket_.close(ignored);
-    server_.on_closed(shared_from_this());
-  }
-
-  const std::string& peer_address() const { return peer_address_; }
-  std::string job_id, node;
-  uint64_t generation = 0;
-  bool done = false;  ///< The node reported that its workers all succeeded.
-
- private:
-  void arm_deadline(std::chrono::milliseconds limit) {
-    deadline_.expires_after(limit);
-    deadline_.async_wait([self = shared_from_this()](boost::system::error_code ec) {
-      if (ec) return;  // Re-armed or cancelled.
-      spdlog::warn("{}: silent for too long; closing", self->peer_);
-      self->close();
-    });
-  }
-
-  void read() {
-    socket_.async_read_some(asio::buffer(chunk_), [self = shared_from_this()](
-                                                      boost::system::error_code ec, size_t n) {
-      if (ec) return self->close();
-      self->buffer_.append(self->chunk_.data(), n);
-      self->drain_frames();
-      if (!self->closed_) self->read();
-    });
-  }
-
-  void drain_frames() {
-    while (!closed_) {
-      FrameResult result = decode_frame(buffer_);
-      if (std::holds_alternative<FrameIncomplete>(result)) return;
-      if (auto* error = std::get_if<FrameError>(&result)) {
-        spdlog::warn("{}: bad frame: {}; closing", peer_, error->message);
-        return close();
-      }
-      Frame& frame = std::get<Frame>(result);
-      buffer_.erase(0, frame.consumed);
-      arm_deadline(server_.settings().lease);
-      server_.on_message(shared_from_this(), frame.message);
-    }
-  }
-
-  void write_next() {
-    asio::async_write(socket_, asio::buffer(writes_.front()),
-                      [self = shared_from_this()](boost::system::error_code ec, size_t) {
-                        if (ec) return self->close();
-                        self->writes_.pop_front();
-                        if (!self->writes_.empty()) self->write_next();
-                        else if (self->close_after_write_) self->close();
-                      });
-  }
-
-  asio::generic::stream_protocol::socket socket_;
-  asio::steady_timer deadline_;
-  RendezvousServer& server_;
-  std::string peer_, peer_address_;
-  std::array<char, 8192> chunk_;
-  std::string buffer_;
-  std::deque<std::string> writes_;
-  bool closed_ = false;
-  bool close_after_write_ = false;
-};
 
 RendezvousServer::RendezvousServer(asio::io_context& io, const tcp::endpoint& listen,
                                    ServerSettings settings)
@@ -121,6 +20,8 @@ RendezvousServer::RendezvousServer(asio::io_context& io, const tcp::endpoint& li
   if (!settings_.unix_socket.empty()) {
     ::unlink(settings_.unix_socket.c_str());  // A stale socket from a previous run.
     local_acceptor_.emplace(io, asio::local::stream_protocol::endpoint(settings_.unix_socket));
+    // Every local user may connect; SO_PEERCRED then says who they are and what they may do.
+    ::chmod(settings_.unix_socket.c_str(), 0666);
     accept_local();
   }
 }
@@ -156,7 +57,7 @@ void RendezvousServer::accept() {
       auto remote = socket.remote_endpoint(remote_ec);
       const std::string address = remote_ec ? "" : remote.address().to_string();
       admit(asio::generic::stream_protocol::socket(std::move(socket)),
-            address + ":" + (remote_ec ? "?" : std::to_string(remote.port())), address);
+            address + ":" + (remote_ec ? "?" : std::to_string(remote.port())), address, std::nullopt);
     }
     accept();
   });
@@ -166,20 +67,28 @@ void RendezvousServer::accept_local() {
   local_acceptor_->async_accept(
       [this](boost::system::error_code ec, asio::local::stream_protocol::socket socket) {
         if (ec == asio::error::operation_aborted) return;
-        // A local agent's peers reach this host on loopback.
-        if (!ec) admit(asio::generic::stream_protocol::socket(std::move(socket)), "unix", "127.0.0.1");
+        if (!ec) {
+          ucred peer{};
+          socklen_t length = sizeof peer;
+          std::optional<uid_t> uid;
+          if (::getsockopt(socket.native_handle(), SOL_SOCKET, SO_PEERCRED, &peer, &length) == 0)
+            uid = peer.uid;
+          // A local agent's peers reach this host on loopback.
+          admit(asio::generic::stream_protocol::socket(std::move(socket)),
+                "unix uid " + (uid ? std::to_string(*uid) : std::string("?")), "127.0.0.1", uid);
+        }
         accept_local();
       });
 }
 
 void RendezvousServer::admit(asio::generic::stream_protocol::socket socket, std::string peer,
-                             std::string peer_address) {
+                             std::string peer_address, std::optional<uid_t> uid) {
   if (sessions_.size() >= settings_.max_connections) {
     spdlog::warn("connection limit {} reached; refusing {}", settings_.max_connections, peer);
     return;
   }
   auto session = std::make_shared<AgentSession>(std::move(socket), *this, std::move(peer),
-                                                std::move(peer_address));
+                                                std::move(peer_address), uid);
   sessions_.insert(session);
   session->start();
 }
@@ -189,6 +98,7 @@ void RendezvousServer::on_message(const std::shared_ptr<AgentSession>& session,
   const std::string type = message["type"];
   if (type == "join") return handle_join(session, message);
   if (type == "rejoin") return handle_rejoin(session, message);
+  if (type == "jobs" || type == "status" || type == "stop") return handle_operator(session, message);
   if (session->job_id.empty()) return session->refuse("'" + type + "' before 'join'");
   Job* current = job_of(*session);
   if (!current) return;  // A message about a round that has been replaced.
@@ -287,8 +197,11 @@ void RendezvousServer::handle_join(const std::shared_ptr<AgentSession>& session,
   auto& [job_id, node, round] = std::get<JoinRequest>(parsed);
 
   auto it = jobs_.find(job_id);
+  if (it != jobs_.end() && !it->second.finished && !may_access(*session, it->second))
+    return session->refuse("job " + job_id + " belongs to " + user_name(*it->second.owner) +
+                           "; only that user or root may join it from this host");
   if (it == jobs_.end() || it->second.finished) {
-    open_round(job_id, round);  // A finished job's id may be reused by a new launch.
+    open_round(job_id, round).owner = session->uid;  // A finished job's id may be reused.
   } else if (it->second.running) {
     Job& running = it->second;
     if (running.members.size() >= static_cast<size_t>(running.settings.max_nodes))
@@ -298,7 +211,7 @@ void RendezvousServer::handle_join(const std::shared_ptr<AgentSession>& session,
     // at this restart boundary, as torchrun does when nodes are waiting.
     spdlog::info("job {}: {} asks to join the running round; re-forming with it", job_id, node.node);
     Job old = std::move(running);
-    open_round(job_id, old.settings);
+    open_round(job_id, old.settings).owner = old.owner;
     broadcast(old, {{"type", "membership"}, {"node", node.node}});
     old.deadline->cancel();
   }
@@ -324,6 +237,7 @@ void RendezvousServer::handle_rejoin(const std::shared_ptr<AgentSession>& sessio
   if (it == jobs_.end() || it->second.finished) {
     // This daemon restarted (or forgot the job): rebuild the running job from its agents.
     Job& job = open_round(job_id, round);
+    job.owner = session->uid;
     job.running = true;
     job.world_size = world_size;
     job.expected_nodes = group_world_size;
@@ -366,6 +280,7 @@ RendezvousServer::Job& RendezvousServer::open_round(const std::string& job_id,
   job.round = std::make_unique<RendezvousRound>(settings, Clock::now());
   job.deadline = std::make_unique<asio::steady_timer>(io_);
   job.generation = next_generation_++;
+  job.created_at = Clock::now();
   return jobs_.insert_or_assign(job_id, std::move(job)).first->second;
 }
 

@@ -9,6 +9,8 @@
 #include <boost/asio/steady_timer.hpp>
 #include <nlohmann/json.hpp>
 
+#include <sys/types.h>
+
 #include <chrono>
 #include <map>
 #include <optional>
@@ -58,6 +60,8 @@ class RendezvousServer {
     uint64_t generation = 0;           ///< Tells a restarted job from the round it replaced.
     int world_size = 0;                ///< Of the running round.
     int expected_nodes = 0;            ///< Nodes of the running round.
+    std::optional<uid_t> owner;        ///< The local user who created it; nullopt: remote.
+    Clock::time_point created_at;
     std::map<std::string, std::set<int>> barriers;  ///< Helper barrier name -> ranks there.
     std::unique_ptr<boost::asio::steady_timer> deadline;
     bool running = false;
@@ -67,13 +71,19 @@ class RendezvousServer {
   void accept();
   void accept_local();
   void admit(boost::asio::generic::stream_protocol::socket socket, std::string peer,
-             std::string peer_address);
+             std::string peer_address, std::optional<uid_t> uid);
   /// Opens a fresh round of `job_id`, replacing whatever round it had.
   Job& open_round(const std::string& job_id, const RoundSettings& settings);
   /// Joins `node` into the current round of `job_id`; false (and the session refused) on error.
   bool join_round(const std::string& job_id, const std::shared_ptr<AgentSession>& session,
                   const NodeInfo& node);
   void handle_join(const std::shared_ptr<AgentSession>& session, const nlohmann::json& message);
+  /// `mcprun jobs|status|stop` (rendezvousd/operator_requests.cpp).
+  void handle_operator(const std::shared_ptr<AgentSession>& session, const nlohmann::json& message);
+  /// Whether the session may see, stop or join `job`: its owner or root on the unix socket,
+  /// anyone over TCP (where the token is the authentication), anyone for a remote job.
+  static bool may_access(const AgentSession& session, const Job& job);
+  static std::string user_name(uid_t uid);
   /// An agent of a running job re-registers after losing its connection (a daemon restart).
   void handle_rejoin(const std::shared_ptr<AgentSession>& session, const nlohmann::json& message);
   void advance(const std::string& job_id);

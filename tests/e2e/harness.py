@@ -65,15 +65,16 @@ class LauncherTestCase(unittest.TestCase):
             out.write(text)
         return path
 
-    def start(self, *args, env=None):
-        """Starts mcprun in its own session, as a terminal job would be."""
+    def start(self, *args, env=None, user=None):
+        """Starts mcprun in its own session, as a terminal job would be (as `user`, if given)."""
         proc = subprocess.Popen([MCPRUN, *args], env=env or self.env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+                                stderr=subprocess.PIPE, text=True, start_new_session=True,
+                                user=user)
         self.procs.append(proc)
         return proc
 
-    def run_mcprun(self, *args, env=None, timeout=120):
-        proc = self.start(*args, env=env)
+    def run_mcprun(self, *args, env=None, timeout=120, user=None):
+        proc = self.start(*args, env=env, user=user)
         out, err = proc.communicate(timeout=timeout)
         return proc.returncode, out, err
 

@@ -6,7 +6,9 @@ import signal
 import socket
 import struct
 import subprocess
+import tempfile
 import time
+import unittest
 
 from harness import MCPRUN, PYTHON, REPO, LauncherTestCase, alive, wait_for
 
@@ -27,11 +29,11 @@ class RendezvousTestCase(LauncherTestCase):
         self.daemon_log = os.path.join(self.tmp, "rendezvousd.log")
         self.start_daemon("127.0.0.1:0")
 
-    def start_daemon(self, listen):
+    def start_daemon(self, listen, *flags):
         """Starts rendezvousd (appending to its log) and waits until it listens."""
         log = open(self.daemon_log, "a")
         started_at = log.tell()
-        self.daemon = subprocess.Popen([RENDEZVOUSD, "--listen", listen, "--lease", "2"],
+        self.daemon = subprocess.Popen([RENDEZVOUSD, "--listen", listen, "--lease", "2", *flags],
                                        stderr=log, stdout=log, start_new_session=True)
         log.close()
         port = wait_for(lambda: re.search(r"listening on 127\.0\.0\.1:(\d+)",
@@ -298,6 +300,75 @@ class DaemonRestart(RendezvousTestCase):
         for name in self.files("starts."):
             with open(os.path.join(self.tmp, name)) as f:
                 self.assertEqual(f.read(), "0\n", "a worker was restarted")
+
+
+@unittest.skipUnless(os.geteuid() == 0, "creates users: needs root")
+class SharedBox(RendezvousTestCase):
+    """Two real users on one box, one rendezvousd: each sees and controls only their own jobs."""
+    USERS = ("mcprun-alice", "mcprun-bob")
+
+    @classmethod
+    def setUpClass(cls):
+        for user in cls.USERS:
+            if subprocess.run(["id", user], capture_output=True).returncode != 0:
+                subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/bin/sh", user],
+                               check=True)
+
+    @classmethod
+    def tearDownClass(cls):
+        for user in cls.USERS:
+            subprocess.run(["userdel", user], check=False)
+
+    def setUp(self):
+        super().setUp()
+        self.daemon.kill()
+        self.daemon.wait()
+        # A socket directory every user can reach: the daemon decides who may do what.
+        self.socket_dir = tempfile.mkdtemp(prefix="mcprun-sock-")
+        os.chmod(self.socket_dir, 0o755)
+        self.socket = os.path.join(self.socket_dir, "rendezvousd.sock")
+        self.start_daemon("127.0.0.1:0", "--unix-socket", self.socket)
+
+    def tearDown(self):
+        super().tearDown()
+        subprocess.run(["rm", "-rf", self.socket_dir], check=False)
+
+    def operator(self, *args, user=None):
+        return self.run_mcprun(*args, "--rdzv-endpoint", "unix:" + self.socket, user=user, timeout=30)
+
+    def test_each_user_sees_and_stops_only_their_own_jobs(self):
+        env = dict(self.env, TMPDIR="/tmp")
+        alice = self.start("--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "unix:" + self.socket,
+                           "--rdzv-id", "alicejob", "--no-python", "/bin/sleep", "60", env=env,
+                           user="mcprun-alice")
+        self.assertTrue(wait_for(lambda: "alicejob" in self.read_log(), 10), self.read_log())
+
+        code, out, err = self.operator("jobs", user="mcprun-alice")
+        self.assertEqual(code, 0, err)
+        self.assertRegex(out, r"alicejob\s+mcprun-alice \(uid \d+\)\s+1\s+0\s+joining")
+        code, out, err = self.operator("jobs", user="mcprun-bob")
+        self.assertEqual(code, 0, err)
+        self.assertNotIn("alicejob", out)
+        for command in ("status", "stop"):
+            code, _, err = self.operator(command, "alicejob", user="mcprun-bob")
+            self.assertEqual(code, 1, err)
+            self.assertIn("belongs to mcprun-alice", err)
+        code, _, err = self.run_mcprun("--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                                       "unix:" + self.socket, "--rdzv-id", "alicejob", "--no-python",
+                                       "/bin/true", env=env, user="mcprun-bob", timeout=30)
+        self.assertEqual(code, 75, err)
+        self.assertIn("job alicejob belongs to mcprun-alice", err)
+
+        code, out, err = self.operator("status", "alicejob", "--json", user="mcprun-alice")
+        self.assertEqual(code, 0, err)
+        self.assertEqual(json.loads(out)["state"], "joining")
+        code, out, err = self.operator("jobs")  # root sees everyone's
+        self.assertIn("alicejob", out)
+        code, out, err = self.operator("stop", "alicejob")
+        self.assertEqual(code, 0, err)
+        _, alice_err = alice.communicate(timeout=10)
+        self.assertEqual(alice.returncode, 75, alice_err)
+        self.assertIn("stopped by root (uid 0) with mcprun stop", alice_err)
 
 
 class StaticBackend(LauncherTestCase):

@@ -1,0 +1,101 @@
+// `mcprun jobs`, `mcprun status ID` and `mcprun stop ID`: what the daemon tells an operator.
+#include <pwd.h>
+
+#include <fmt/format.h>
+
+#include "common/exit_status.hpp"
+#include "rendezvousd/agent_session.hpp"
+#include "rendezvousd/rendezvous_server.hpp"
+
+namespace mcprun {
+namespace {
+
+const char* state_of(bool running, bool finished) {
+  return finished ? "finished" : running ? "running" : "joining";
+}
+
+}  // namespace
+
+std::string RendezvousServer::user_name(uid_t uid) {
+  passwd entry{}, *found = nullptr;
+  char buffer[1024];
+  if (::getpwuid_r(uid, &entry, buffer, sizeof buffer, &found) == 0 && found)
+    return fmt::format("{} (uid {})", found->pw_name, uid);
+  return fmt::format("uid {}", uid);
+}
+
+bool RendezvousServer::may_access(const AgentSession& session, const Job& job) {
+  if (!session.uid || !job.owner) return true;  // Over TCP the token is the authentication.
+  return *session.uid == 0 || *session.uid == *job.owner;
+}
+
+void RendezvousServer::handle_operator(const std::shared_ptr<AgentSession>& session,
+                                       const nlohmann::json& message) {
+  const std::string type = message["type"];
+  if (!session->uid) {
+    // Over TCP an operator is whoever holds the token; without one, nobody is.
+    if (settings_.token.empty())
+      return session->refuse("'" + type + "' needs the daemon's unix socket, or a daemon with a token");
+    if (!tokens_equal(message.value("token", std::string()), settings_.token))
+      return session->refuse("authentication failed: wrong or missing token");
+  }
+  const auto now = Clock::now();
+  auto describe = [&](const std::string& id, const Job& job) {
+    nlohmann::json json{{"id", id},
+                        {"owner", job.owner ? user_name(*job.owner) : "remote"},
+                        {"nodes", job.members.size()},
+                        {"ranks", job.world_size},
+                        {"state", state_of(job.running, job.finished)},
+                        {"age_s", std::chrono::duration<double>(now - job.created_at).count()}};
+    return json;
+  };
+  if (type == "jobs") {
+    nlohmann::json jobs = nlohmann::json::array();
+    for (const auto& [id, job] : jobs_)
+      if (may_access(*session, job)) jobs.push_back(describe(id, job));
+    return session->reply_and_close({{"type", "jobs"}, {"jobs", jobs}});
+  }
+
+  const std::string id = message.value("job", std::string());
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return session->refuse("no job '" + id + "'");
+  Job& job = it->second;
+  if (!may_access(*session, job))
+    return session->refuse("job " + id + " belongs to " + user_name(*job.owner) +
+                           "; only that user or root may see or stop it");
+  if (type == "status") {
+    nlohmann::json status = describe(id, job);
+    status["generation"] = job.generation;
+    status["min_nodes"] = job.settings.min_nodes;
+    status["max_nodes"] = job.settings.max_nodes;
+    nlohmann::json nodes = nlohmann::json::array();
+    for (const auto& [name, member] : job.members)
+      nodes.push_back({{"node", name}, {"connected", !member.expired()},
+                       {"done", job.done_nodes.contains(name)}});
+    status["members"] = nodes;
+    if (job.running && job.round && job.round->state() == RendezvousRound::State::kComplete) {
+      const RoundResult& result = job.round->result();
+      status["master"] = fmt::format("{}:{}", result.master_addr, result.master_port);
+      nlohmann::json placement = nlohmann::json::array();
+      for (const NodeAssignment& node : result.nodes)
+        placement.push_back({{"node", node.node}, {"addr", node.addr}, {"group_rank", node.group_rank},
+                             {"ranks", fmt::format("{}-{}", node.rank_offset, node.rank_offset + node.nproc - 1)}});
+      status["placement"] = placement;
+    }
+    return session->reply_and_close({{"type", "status"}, {"job", status}});
+  }
+  // stop
+  if (job.finished) return session->refuse("job " + id + " has already ended");
+  const std::string who = session->uid ? user_name(*session->uid) : "an operator holding the token";
+  const std::string reason = "stopped by " + who + " with mcprun stop";
+  spdlog::warn("job {}: {}", id, reason);
+  if (job.running)
+    broadcast(job, {{"type", "failed"}, {"node", "rendezvousd"}, {"reason", reason},
+                    {"exit_code", exit_code_for_signal(SIGTERM)}});
+  else
+    broadcast(job, {{"type", "error"}, {"message", "job " + id + " was " + reason}});
+  finish(id);
+  session->reply_and_close({{"type", "stopped"}, {"job", id}});
+}
+
+}  // namespace mcprun
