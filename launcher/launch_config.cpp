@@ -155,6 +155,10 @@ ParseResult parse_launch_config(const std::vector<std::string>& args) {
                  "Wall-clock limit in seconds for the whole job, restarts included (0: none); "
                  "on expiry the group is stopped and mcprun exits 124")
       ->check(CLI::NonNegativeNumber);
+  add("gpu-wait", config.gpu_wait,
+      "On a box whose rendezvousd leases GPUs (MCPRUN_DAEMON, default its unix socket under "
+      "/run/mcprun): seconds to wait for enough free GPUs; 0 fails at once naming who holds them")
+      ->check(CLI::NonNegativeNumber);
   add("init-timeout", config.stall.init_timeout,
                  "Seconds for every rank to pass init_process_group's barrier, from the start of "
                  "each attempt; a rank missing then is a stall (exit 3). 0: off")

@@ -64,6 +64,7 @@ struct LaunchConfig {
   std::string local_addr;
   double term_timeout = 10.0;           ///< Seconds between SIGTERM and SIGKILL when stopping.
   double job_timeout = 0;               ///< --timeout: wall-clock limit for the whole job; 0 = none.
+  double gpu_wait = 0;                  ///< --gpu-wait: how long to wait for a GPU lease; 0 = fail at once.
   bool nccl_debug = false;              ///< --nccl-debug: NCCL/torch distributed debug logging.
   StallSettings stall;                  ///< --init-timeout, --heartbeat-timeout, --silence-timeout.
   bool stack_dumps = true;              ///< On a stall, dump stacks before stopping (--no-stack-dumps).

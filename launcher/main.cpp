@@ -188,6 +188,27 @@ void name_nccl_logs(const LaunchConfig& config, const AttemptResult& result, con
                  nccl_log_pattern(files.attempt_dir / std::to_string(worker.local_rank)).c_str());
 }
 
+/// The rendezvousd that leases this box's GPUs: $MCPRUN_DAEMON (unix:PATH; empty: none), else
+/// the service's socket when it exists.
+std::optional<std::string> lease_endpoint(const Environment& inherited) {
+  std::string endpoint = kDefaultDaemonEndpoint;
+  if (auto chosen = inherited.find("MCPRUN_DAEMON"); chosen != inherited.end()) endpoint = chosen->second;
+  if (endpoint.rfind("unix:", 0) != 0) {
+    if (!endpoint.empty()) spdlog::warn("MCPRUN_DAEMON={}: GPU leases need unix:PATH; not leasing", endpoint);
+    return std::nullopt;
+  }
+  std::error_code ec;
+  if (!std::filesystem::exists(endpoint.substr(5), ec)) return std::nullopt;
+  return endpoint;
+}
+
+/// How many GPUs to lease: one per rank when ranks are pinned, all of them for -n gpu|auto.
+int gpus_wanted(const LaunchConfig& config, const std::vector<GpuDevice>& gpus) {
+  if (config.no_pin || gpus.empty()) return 0;
+  if (config.nproc.kind == NprocSpec::Kind::kCount) return config.nproc.count;
+  return config.nproc.kind == NprocSpec::Kind::kCpu ? 0 : static_cast<int>(gpus.size());
+}
+
 int show_topology() {
   std::vector<GpuDevice> gpus = discover_gpus();
   annotate_with_nvml(gpus);
@@ -199,14 +220,35 @@ int show_topology() {
 
 int launch(const LaunchConfig& config) {
   const Environment inherited = current_environment();
+  boost::asio::io_context io;
   std::vector<GpuDevice> gpus = discover_gpus();
   annotate_with_nvml(gpus);
+
+  // On a shared box the local rendezvousd leases this job its GPUs and master port, for as long
+  // as this connection lasts: two users' jobs never share either.
+  std::unique_ptr<RendezvousClient> lease_holder;
+  std::optional<GrantedLease> lease;
+  if (auto endpoint = lease_endpoint(inherited); endpoint && !config.dry_run) {
+    lease_holder = std::make_unique<RendezvousClient>(io, *endpoint);
+    auto granted = lease_holder->lease(
+        {{"gpus", gpus_wanted(config, gpus)}, {"wait_s", config.gpu_wait}, {"job", config.rdzv_id}},
+        std::chrono::milliseconds(static_cast<long>(config.gpu_wait * 1000)) + kRendezvousConnectTimeout);
+    if (auto* refused = std::get_if<std::string>(&granted)) {
+      spdlog::error("no GPU lease from rendezvousd at {}: {}", *endpoint, *refused);
+      return kExitRendezvous;
+    }
+    lease = std::get<GrantedLease>(granted);
+    std::erase_if(gpus, [&](const GpuDevice& gpu) {
+      return std::find(lease->gpus.begin(), lease->gpus.end(), gpu.bus_id) == lease->gpus.end();
+    });
+    spdlog::info("leased from rendezvousd: {} GPU(s), master port {}", lease->gpus.size(), lease->port);
+  }
 
   std::optional<PortReservation> reservation;
   int master_port = config.master_port.value_or(0);
   if (!config.master_port) {
     std::string error;
-    reservation = PortReservation::reserve(&error);
+    reservation = PortReservation::reserve(&error, lease ? lease->port : 0);
     if (!reservation) {
       spdlog::error("cannot reserve a free MASTER_PORT: {}", error);
       return kExitFailure;
@@ -223,7 +265,6 @@ int launch(const LaunchConfig& config) {
     return kExitSuccess;
   }
 
-  boost::asio::io_context io;
   const std::string host = host_name();
   std::unique_ptr<RendezvousServer> embedded;
   nlohmann::json join;

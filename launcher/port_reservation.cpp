@@ -8,7 +8,7 @@
 
 namespace mcprun {
 
-std::optional<PortReservation> PortReservation::reserve(std::string* error) {
+std::optional<PortReservation> PortReservation::reserve(std::string* error, int port) {
   UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!fd.valid()) {
     *error = std::string("socket(AF_INET): ") + std::strerror(errno);
@@ -22,9 +22,9 @@ std::optional<PortReservation> PortReservation::reserve(std::string* error) {
   sockaddr_in address{};
   address.sin_family = AF_INET;
   address.sin_addr.s_addr = htonl(INADDR_ANY);
-  address.sin_port = 0;
+  address.sin_port = htons(static_cast<uint16_t>(port));
   if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) {
-    *error = std::string("bind(0.0.0.0:0): ") + std::strerror(errno);
+    *error = "bind(0.0.0.0:" + std::to_string(port) + "): " + std::strerror(errno);
     return std::nullopt;
   }
   socklen_t length = sizeof address;

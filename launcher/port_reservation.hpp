@@ -17,8 +17,8 @@ namespace mcprun {
 /// Linux only refuses a shared SO_REUSEADDR bind when a socket is already listening.
 class PortReservation {
  public:
-  /// Reserves a free port; an error message naming the failing call otherwise.
-  static std::optional<PortReservation> reserve(std::string* error);
+  /// Reserves `port` (0: any free one); an error message naming the failing call otherwise.
+  static std::optional<PortReservation> reserve(std::string* error, int port = 0);
 
   int port() const { return port_; }
   /// Hands the bound socket over (to the job store, which listens on it); the reservation is

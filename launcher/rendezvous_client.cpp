@@ -102,6 +102,29 @@ std::variant<Assignment, std::string> RendezvousClient::join(nlohmann::json join
   }
 }
 
+std::variant<GrantedLease, std::string> RendezvousClient::lease(nlohmann::json request,
+                                                               std::chrono::milliseconds limit) {
+  if (auto error = connect()) return *error;
+  request["type"] = "lease";
+  std::optional<nlohmann::json> reply;
+  on_message_ = [&](const nlohmann::json& message) {
+    if (!reply) reply = message;
+  };
+  send(request);
+  read();
+  const bool answered = run_until(io_, [&] { return reply.has_value() || closed_; }, limit);
+  on_message_ = nullptr;  // It refers to this frame's locals.
+  if (!answered)
+    return "rendezvousd at " + endpoint_ + " did not answer the lease request within " +
+           std::to_string(limit.count() / 1000) + " s";
+  if (!reply) return "rendezvousd at " + endpoint_ + " closed the connection";
+  if ((*reply)["type"] == "error") return reply->value("message", std::string("lease refused"));
+  heartbeat_interval_ = std::chrono::milliseconds(
+      reply->value("heartbeat_interval_ms", kDefaultHeartbeatInterval.count()));
+  heartbeat();  // The lease lasts as long as this connection does.
+  return GrantedLease{reply->value("gpus", std::vector<std::string>{}), reply->value("port", 0)};
+}
+
 void RendezvousClient::watch(PeerEvents events) {
   auto stopped = std::make_shared<bool>(false);
   auto stop_once = [on_stop = events.on_stop, stopped](const PeerStop& stop) {

@@ -35,6 +35,13 @@ inline constexpr std::chrono::milliseconds kReconnectBackoffMax{1000};
 /// This node's share of a completed round.
 using Assignment = JobPlacement;
 
+/// GPUs and a master port the local rendezvousd leased to this job, for as long as the client
+/// stays connected.
+struct GrantedLease {
+  std::vector<std::string> gpus;  ///< PCI bus ids.
+  int port = 0;
+};
+
 /// What another node told us: stop the group.
 struct PeerStop {
   std::string reason;  ///< "node b: rank 3 exited with exit code 7", "node c lost", ...
@@ -62,6 +69,8 @@ class RendezvousClient {
 
   /// Connects and sends `join`, then waits for the assignment up to `limit`. On failure: one line.
   std::variant<Assignment, std::string> join(nlohmann::json join, std::chrono::milliseconds limit);
+  /// Connects and asks for GPUs and a port: {gpus, wait_s, job}; waits up to `limit`.
+  std::variant<GrantedLease, std::string> lease(nlohmann::json request, std::chrono::milliseconds limit);
   /// Listens for the other nodes (heartbeats already run since the join was accepted).
   void watch(PeerEvents events);
   /// Relays a message to every other node of the job: "stall", "stall_report", "barrier".

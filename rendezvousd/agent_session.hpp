@@ -72,6 +72,7 @@ class AgentSession : public std::enable_shared_from_this<AgentSession> {
   const std::string& peer_address() const { return peer_address_; }
   const std::optional<uid_t> uid;  ///< The peer's uid (SO_PEERCRED), on the unix socket only.
   std::string job_id, node;
+  uint64_t lease_id = 0;  ///< The GPUs and port this connection holds; 0: none.
   uint64_t generation = 0;
   bool done = false;  ///< The node reported that its workers all succeeded.
 

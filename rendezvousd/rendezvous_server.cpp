@@ -6,6 +6,7 @@
 
 #include "common/logging.hpp"
 #include "common/protocol.hpp"
+#include "common/topology.hpp"
 #include "rendezvousd/agent_session.hpp"
 
 namespace mcprun {
@@ -13,9 +14,32 @@ namespace mcprun {
 namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
 
+namespace {
+
+/// This box's GPUs in topology order, the ones the daemon leases to local jobs.
+std::vector<std::string> box_gpus() {
+  std::vector<std::string> bus_ids;
+  for (const GpuDevice& gpu : topology_order(discover_gpus()).gpus) bus_ids.push_back(gpu.bus_id);
+  return bus_ids;
+}
+
+/// Whether nothing on this host holds `port` (a plain bind, as a job's store would need).
+bool port_is_free(int port) {
+  tcp::acceptor probe(asio::system_executor{});
+  boost::system::error_code ec;
+  probe.open(tcp::v4(), ec);
+  if (!ec) probe.bind({tcp::v4(), static_cast<unsigned short>(port)}, ec);
+  return !ec;
+}
+
+}  // namespace
+
 RendezvousServer::RendezvousServer(asio::io_context& io, const tcp::endpoint& listen,
                                    ServerSettings settings)
-    : io_(io), acceptor_(io, listen, /*reuse_address=*/true), settings_(std::move(settings)) {
+    : io_(io),
+      acceptor_(io, listen, /*reuse_address=*/true),
+      settings_(std::move(settings)),
+      leases_(box_gpus(), settings_.lease_port_first, settings_.lease_port_last) {
   accept();
   if (!settings_.unix_socket.empty()) {
     ::unlink(settings_.unix_socket.c_str());  // A stale socket from a previous run.
@@ -99,6 +123,8 @@ void RendezvousServer::on_message(const std::shared_ptr<AgentSession>& session,
   if (type == "join") return handle_join(session, message);
   if (type == "rejoin") return handle_rejoin(session, message);
   if (type == "jobs" || type == "status" || type == "stop") return handle_operator(session, message);
+  if (type == "lease") return handle_lease(session, message);
+  if (type == "heartbeat" && session->lease_id != 0) return;
   if (session->job_id.empty()) return session->refuse("'" + type + "' before 'join'");
   Job* current = job_of(*session);
   if (!current) return;  // A message about a round that has been replaced.
@@ -273,6 +299,56 @@ void RendezvousServer::handle_rejoin(const std::shared_ptr<AgentSession>& sessio
   if (static_cast<int>(job.members.size()) >= job.expected_nodes) job.deadline->cancel();
 }
 
+void RendezvousServer::handle_lease(const std::shared_ptr<AgentSession>& session,
+                                    const nlohmann::json& message) {
+  if (!session->uid) return session->refuse("leases are for jobs on this host: use the unix socket");
+  if (session->lease_id != 0) return session->refuse("second 'lease' on one connection");
+  const int gpu_count = message.value("gpus", 0);
+  const double wait_s = message.value("wait_s", 0.0);
+  if (gpu_count < 0) return session->refuse("malformed lease: gpus must be >= 0");
+  WaitingLease request{session, gpu_count,
+                       user_name(*session->uid) + ", job " + message.value("job", std::string("?")), nullptr};
+  if (wait_s > 0) {
+    request.deadline = std::make_unique<asio::steady_timer>(
+        io_, std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::duration<double>(wait_s)));
+    request.deadline->async_wait([this, weak = std::weak_ptr(session), gpu_count](boost::system::error_code ec) {
+      if (ec) return;
+      auto waiting = weak.lock();
+      std::erase_if(waiting_leases_, [&](const WaitingLease& w) { return w.session.lock() == waiting; });
+      if (waiting && waiting->lease_id == 0) waiting->refuse(leases_.shortage(gpu_count));
+    });
+  }
+  waiting_leases_.push_back(std::move(request));
+  grant_waiting_leases();
+  // Still waiting and not allowed to: refuse at once, naming who holds what.
+  if (session->lease_id == 0 && wait_s <= 0) {
+    std::erase_if(waiting_leases_, [&](const WaitingLease& w) { return w.session.lock() == session; });
+    session->refuse(leases_.shortage(gpu_count));
+  }
+}
+
+void RendezvousServer::grant_waiting_leases() {
+  for (auto it = waiting_leases_.begin(); it != waiting_leases_.end();) {
+    auto session = it->session.lock();
+    if (!session) {
+      it = waiting_leases_.erase(it);
+      continue;
+    }
+    const uint64_t id = next_lease_id_;
+    auto lease = leases_.grant(id, it->gpu_count, it->holder, port_is_free);
+    if (!lease) {
+      ++it;
+      continue;
+    }
+    ++next_lease_id_;
+    session->lease_id = id;
+    spdlog::info("leased {} GPU(s) and port {} to {}", lease->gpus.size(), lease->port, lease->holder);
+    session->send({{"type", "lease"}, {"gpus", lease->gpus}, {"port", lease->port},
+                   {"heartbeat_interval_ms", std::max<long>(50, settings_.lease.count() / 3)}});
+    it = waiting_leases_.erase(it);
+  }
+}
+
 RendezvousServer::Job& RendezvousServer::open_round(const std::string& job_id,
                                                     const RoundSettings& settings) {
   Job job;
@@ -368,6 +444,11 @@ void RendezvousServer::forget_old_jobs() {
 
 void RendezvousServer::on_closed(const std::shared_ptr<AgentSession>& session) {
   sessions_.erase(session);
+  if (session->lease_id != 0) {  // The job ended or its agent died: its GPUs and port are free.
+    leases_.release(session->lease_id);
+    session->lease_id = 0;
+    grant_waiting_leases();
+  }
   if (session->job_id.empty()) return;
   Job* current = job_of(*session);
   if (!current) return;

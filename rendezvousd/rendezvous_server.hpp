@@ -12,12 +12,14 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <deque>
 #include <map>
 #include <optional>
 #include <memory>
 #include <set>
 #include <string>
 
+#include "rendezvousd/lease_book.hpp"
 #include "rendezvousd/rendezvous_round.hpp"
 
 namespace mcprun {
@@ -31,6 +33,8 @@ struct ServerSettings {
   size_t max_connections = 8192;
   std::chrono::seconds finished_job_ttl{600};
   std::vector<std::string> label_precedence{"rack", "switch"};
+  int lease_port_first = 29500;  ///< Master ports leased to local jobs: [first, last].
+  int lease_port_last = 29999;
 };
 
 class AgentSession;
@@ -78,6 +82,10 @@ class RendezvousServer {
   bool join_round(const std::string& job_id, const std::shared_ptr<AgentSession>& session,
                   const NodeInfo& node);
   void handle_join(const std::shared_ptr<AgentSession>& session, const nlohmann::json& message);
+  /// A local job asks for GPUs and a master port; answered now, after a release, or refused.
+  void handle_lease(const std::shared_ptr<AgentSession>& session, const nlohmann::json& message);
+  /// Grants what waiting lease requests can now have, oldest first.
+  void grant_waiting_leases();
   /// `mcprun jobs|status|stop` (rendezvousd/operator_requests.cpp).
   void handle_operator(const std::shared_ptr<AgentSession>& session, const nlohmann::json& message);
   /// Whether the session may see, stop or join `job`: its owner or root on the unix socket,
@@ -100,6 +108,15 @@ class RendezvousServer {
   std::map<std::string, Job> jobs_;
   std::set<std::shared_ptr<AgentSession>> sessions_;
   uint64_t next_generation_ = 1;
+  LeaseBook leases_;
+  struct WaitingLease {
+    std::weak_ptr<AgentSession> session;
+    int gpu_count = 0;
+    std::string holder;
+    std::unique_ptr<boost::asio::steady_timer> deadline;
+  };
+  std::deque<WaitingLease> waiting_leases_;
+  uint64_t next_lease_id_ = 1;
 };
 
 }  // namespace mcprun

@@ -10,6 +10,7 @@ import tempfile
 import time
 import unittest
 
+from fake_sysfs import make_tree
 from harness import MCPRUN, PYTHON, REPO, LauncherTestCase, alive, wait_for
 
 RENDEZVOUSD = os.environ.get("RENDEZVOUSD", os.path.join(os.path.dirname(MCPRUN), "../rendezvousd/rendezvousd"))
@@ -29,12 +30,12 @@ class RendezvousTestCase(LauncherTestCase):
         self.daemon_log = os.path.join(self.tmp, "rendezvousd.log")
         self.start_daemon("127.0.0.1:0")
 
-    def start_daemon(self, listen, *flags):
+    def start_daemon(self, listen, *flags, env=None):
         """Starts rendezvousd (appending to its log) and waits until it listens."""
         log = open(self.daemon_log, "a")
         started_at = log.tell()
         self.daemon = subprocess.Popen([RENDEZVOUSD, "--listen", listen, "--lease", "2", *flags],
-                                       stderr=log, stdout=log, start_new_session=True)
+                                       stderr=log, stdout=log, start_new_session=True, env=env)
         log.close()
         port = wait_for(lambda: re.search(r"listening on 127\.0\.0\.1:(\d+)",
                                           self.read_log()[started_at:]), 10)
@@ -369,6 +370,76 @@ class SharedBox(RendezvousTestCase):
         _, alice_err = alice.communicate(timeout=10)
         self.assertEqual(alice.returncode, 75, alice_err)
         self.assertIn("stopped by root (uid 0) with mcprun stop", alice_err)
+
+
+class GpuLeases(RendezvousTestCase):
+    """One rendezvousd leases a fake 8-GPU box to concurrent local jobs."""
+    # Records what the job got, then waits for its go file.
+    WORKER = (r'echo "$CUDA_VISIBLE_DEVICES $MASTER_PORT" > "$MCPRUN_TEST_DIR/lease.$JOB.$RANK"; '
+              r'echo $$ > "$MCPRUN_TEST_DIR/pid.$JOB.$RANK"; '
+              r'while [ ! -e "$MCPRUN_TEST_DIR/go.$JOB" ]; do sleep 0.05; done')
+
+    def setUp(self):
+        super().setUp()
+        self.daemon.kill()
+        self.daemon.wait()
+        self.sysfs = make_tree(os.path.join(self.tmp, "sysfs"), [
+            {"bus_id": f"0000:{0x10 * (i + 1):02x}:00.0", "numa_node": i // 4} for i in range(8)])
+        self.socket = os.path.join(self.tmp, "rendezvousd.sock")
+        self.env = dict(self.env, MCPRUN_SYSFS_ROOT=self.sysfs, MCPRUN_DAEMON="unix:" + self.socket)
+        self.start_daemon("127.0.0.1:0", "--unix-socket", self.socket, env=self.env)
+
+    def job(self, name, nproc, *flags):
+        return self.start("-n", str(nproc), "--rdzv-id", name, *flags, "--no-python", "/bin/sh", "-c",
+                          self.WORKER, env=dict(self.env, JOB=name))
+
+    def leased(self, name, nproc):
+        """Job `name`'s GPU indices and master port, once every rank recorded them."""
+        files = [os.path.join(self.tmp, f"lease.{name}.{rank}") for rank in range(nproc)]
+        self.assertTrue(wait_for(lambda: all(os.path.exists(f) and os.path.getsize(f) for f in files), 20),
+                        self.read_log())
+        gpus, ports = set(), set()
+        for path in files:
+            with open(path) as f:
+                gpu, port = f.read().split()
+            gpus.add(gpu)
+            ports.add(port)
+        self.assertEqual(len(ports), 1)
+        return gpus, ports.pop()
+
+    def go(self, name):
+        open(os.path.join(self.tmp, "go." + name), "w").close()
+
+    def test_concurrent_jobs_get_disjoint_gpus_and_ports_and_leases_end_with_their_job(self):
+        a, b = self.job("a", 4), self.job("b", 4)
+        gpus_a, port_a = self.leased("a", 4)
+        gpus_b, port_b = self.leased("b", 4)
+        self.assertEqual(len(gpus_a), 4)
+        self.assertFalse(gpus_a & gpus_b)
+        self.assertNotEqual(port_a, port_b)
+
+        code, _, err = self.run_mcprun("-n", "4", "--rdzv-id", "c", "--no-python", "/bin/true", timeout=30)
+        self.assertEqual(code, 75, err)
+        self.assertIn("4 GPU(s) wanted, 0 of 8 free; held by", err)
+        for name, port in (("a", port_a), ("b", port_b)):
+            self.assertIn(f"root (uid 0), job {name} (", err)
+            self.assertIn(f"port {port})", err)
+
+        waiting = self.job("d", 2, "--gpu-wait", "30")
+        self.go("a")
+        self.assertEqual(a.wait(timeout=30), 0)
+        gpus_d, _ = self.leased("d", 2)
+        self.assertTrue(gpus_d <= gpus_a, (gpus_d, gpus_a))
+        self.go("d")
+        self.assertEqual(waiting.wait(timeout=30), 0)
+
+        os.killpg(b.pid, signal.SIGKILL)  # Its agent dies: the lease must not leak.
+        b.wait()
+        late = self.job("e", 4)
+        gpus_e, _ = self.leased("e", 4)
+        self.assertEqual(len(gpus_e), 4)
+        self.go("e")
+        self.assertEqual(late.wait(timeout=30), 0)
 
 
 class StaticBackend(LauncherTestCase):
