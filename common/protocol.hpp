@@ -15,6 +15,8 @@
 //                             of N agents cost N^2 bytes)
 //   heartbeat  agent->daemon  (no fields): any message renews the agent's lease
 //   done       agent->daemon  (no fields): this node's workers all succeeded
+//   progress   daemon->agent  joined, min_nodes, max_nodes, names[<= 8], remaining_s: a forming
+//                             round's state, at most once a second (a terminal shows it)
 //   membership daemon->agent  node: a node joins a running elastic job; re-join for a new round
 //   lost       daemon->agent  node: that node's agent vanished or went silent past its lease
 //   failed     both ways      job, node, reason: a worker failed; every agent stops its group

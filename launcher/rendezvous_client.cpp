@@ -3,6 +3,9 @@
 #include <boost/asio/connect.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
 #include <boost/asio/write.hpp>
+#include <unistd.h>
+
+#include <cstdio>
 #include <optional>
 
 #include "common/event_loop.hpp"
@@ -72,11 +75,24 @@ std::variant<Assignment, std::string> RendezvousClient::join(nlohmann::json join
   join["type"] = "join";
   join_ = join;
   std::optional<nlohmann::json> reply;
+  const bool show_progress = ::isatty(STDERR_FILENO);  // A CI log gets no redraws.
+  bool progress_shown = false;
   on_message_ = [&](const nlohmann::json& message) {
     if (message["type"] == "joined") {
       heartbeat_interval_ = std::chrono::milliseconds(
           message.value("heartbeat_interval_ms", kDefaultHeartbeatInterval.count()));
       heartbeat();
+    } else if (message["type"] == "progress") {
+      if (!show_progress) return;
+      const int min = message.value("min_nodes", 0), max = message.value("max_nodes", 0);
+      std::string names;
+      for (const auto& name : message.value("names", std::vector<std::string>{}))
+        names += (names.empty() ? "" : ", ") + name;
+      std::fprintf(stderr, "\rmcprun: %zu/%s nodes joined: %s; waiting %.0f s more\x1b[K",
+                   message.value("joined", size_t{0}),
+                   (min == max ? std::to_string(max) : std::to_string(min) + ".." + std::to_string(max)).c_str(),
+                   names.c_str(), message.value("remaining_s", 0.0));
+      progress_shown = true;
     } else if (!reply) {
       reply = message;
     }
@@ -85,6 +101,7 @@ std::variant<Assignment, std::string> RendezvousClient::join(nlohmann::json join
   read();
   const bool answered = run_until(io_, [&] { return reply.has_value() || closed_; }, limit);
   on_message_ = nullptr;  // It refers to this frame's locals.
+  if (progress_shown) std::fputc('\n', stderr);
   if (!answered)
     return "no rendezvous assignment within " + std::to_string(limit.count() / 1000) + " s";
   if (!reply) return "the rendezvous at " + endpoint_ + " closed the connection";

@@ -243,6 +243,27 @@ void RendezvousServer::handle_join(const std::shared_ptr<AgentSession>& session,
   }
   if (!join_round(job_id, session, node)) return;
   advance(job_id);
+  schedule_progress(job_id);
+}
+
+void RendezvousServer::schedule_progress(const std::string& job_id) {
+  Job& job = jobs_.at(job_id);
+  if (job.running || job.finished || job.progress->expiry() > Clock::now()) return;
+  job.progress->expires_after(kProgressInterval);
+  job.progress->async_wait([this, job_id, generation = job.generation](boost::system::error_code ec) {
+    auto it = jobs_.find(job_id);
+    if (ec || it == jobs_.end() || it->second.generation != generation) return;
+    Job& forming = it->second;
+    if (forming.running || forming.finished) return;
+    constexpr size_t kNamesShown = 8;
+    std::vector<std::string> names;
+    for (const auto& [name, member] : forming.members)
+      if (names.size() < kNamesShown) names.push_back(name);
+    const auto remaining = std::chrono::duration<double>(forming.round->next_deadline() - Clock::now());
+    broadcast(forming, {{"type", "progress"}, {"joined", forming.members.size()},
+                        {"min_nodes", forming.settings.min_nodes}, {"max_nodes", forming.settings.max_nodes},
+                        {"names", names}, {"remaining_s", std::max(0.0, remaining.count())}});
+  });
 }
 
 void RendezvousServer::handle_rejoin(const std::shared_ptr<AgentSession>& session,
@@ -355,6 +376,7 @@ RendezvousServer::Job& RendezvousServer::open_round(const std::string& job_id,
   job.settings = settings;
   job.round = std::make_unique<RendezvousRound>(settings, Clock::now());
   job.deadline = std::make_unique<asio::steady_timer>(io_);
+  job.progress = std::make_unique<asio::steady_timer>(io_);
   job.generation = next_generation_++;
   job.created_at = Clock::now();
   return jobs_.insert_or_assign(job_id, std::move(job)).first->second;

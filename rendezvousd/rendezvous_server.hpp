@@ -39,6 +39,9 @@ struct ServerSettings {
 
 class AgentSession;
 
+/// How often the agents of a forming round hear who has joined (their terminal shows it).
+inline constexpr std::chrono::seconds kProgressInterval{1};
+
 /// Serves joins, heartbeats and failure notices; completes rounds and publishes assignments.
 class RendezvousServer {
  public:
@@ -68,6 +71,7 @@ class RendezvousServer {
     Clock::time_point created_at;
     std::map<std::string, std::set<int>> barriers;  ///< Helper barrier name -> ranks there.
     std::unique_ptr<boost::asio::steady_timer> deadline;
+    std::unique_ptr<boost::asio::steady_timer> progress;  ///< Armed while a progress note is due.
     bool running = false;
     bool finished = false;
     Clock::time_point finished_at;
@@ -95,6 +99,8 @@ class RendezvousServer {
   /// An agent of a running job re-registers after losing its connection (a daemon restart).
   void handle_rejoin(const std::shared_ptr<AgentSession>& session, const nlohmann::json& message);
   void advance(const std::string& job_id);
+  /// Tells a forming round's agents who joined so far, at most once per kProgressInterval.
+  void schedule_progress(const std::string& job_id);
   void broadcast(Job& job, const nlohmann::json& message, const std::string& except_node = "");
   void finish(const std::string& job_id);
   void forget_old_jobs();

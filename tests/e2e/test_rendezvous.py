@@ -1,7 +1,9 @@
 """End-to-end tests of rendezvousd with real mcprun agents on loopback."""
 import json
 import os
+import pty
 import re
+import select
 import signal
 import socket
 import struct
@@ -280,6 +282,29 @@ class Rendezvous(RendezvousTestCase):
             with open(os.path.join(self.tmp, name)) as f:
                 lines += f.read().split("\n")[:-1]
         self.assertEqual(sorted(lines), ["1 0", "2 0", "2 0"])
+
+
+class JoinProgress(RendezvousTestCase):
+    def test_a_terminal_sees_who_joined_and_a_pipe_gets_plain_lines(self):
+        controller, terminal = pty.openpty()
+        command = [MCPRUN, "--nnodes", "2", "-n", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                   self.endpoint, "--rdzv-id", "tty", "--node-name", "a", "--no-python", "/bin/true"]
+        on_tty = subprocess.Popen(command, env=self.env, stdin=terminal, stdout=terminal, stderr=terminal,
+                                  start_new_session=True)
+        self.procs.append(on_tty)
+        os.close(terminal)
+        seen = b""
+        deadline = time.monotonic() + 20
+        while b"1/2 nodes joined: a; waiting" not in seen and time.monotonic() < deadline:
+            if select.select([controller], [], [], 0.5)[0]:
+                seen += os.read(controller, 4096)
+        self.assertIn(b"1/2 nodes joined: a; waiting", seen)
+        code, _, err = self.run_mcprun(*command[1:12], "b", *command[13:], timeout=30)
+        self.assertEqual(code, 0, err)
+        self.assertNotIn("nodes joined", err)
+        self.assertNotIn("\x1b[", err)
+        self.assertEqual(on_tty.wait(timeout=30), 0)
+        os.close(controller)
 
 
 class DaemonRestart(RendezvousTestCase):
