@@ -718,8 +718,10 @@ class StoreSession : public std::enable_shared_from_this<StoreSession> {
                    protocol_.error());
       return close();
     }
-    std::memmove(inbox_.data(), inbox_.data() + used, filled_ - used);
-    filled_ -= used;
+    if (used > 0) {  // Only then: a large request arriving piecemeal must not be copied each time.
+      std::memmove(inbox_.data(), inbox_.data() + used, filled_ - used);
+      filled_ -= used;
+    }
     if (filled_ == inbox_.size()) {
       inbox_.resize(inbox_.size() * 2);  // One request outgrew the buffer; the protocol caps it.
     } else if (filled_ == 0 && inbox_.size() > kReadBufferBytes) {

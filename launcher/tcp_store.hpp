@@ -147,7 +147,7 @@ class StoreProtocol {
 
  private:
   class Reader;
-  /// One request from `reader`; false when it is incomplete or bad (then error_ is set).
+  /// One request from `reader`; false when it is incomplete, or bad (error_ then says why).
   bool execute(Reader& reader, std::string& replies);
   /// Appends a GET-style value; a missing key is an error in torch 1.x and empty in 2.x.
   bool reply_value(std::string_view key, std::string& replies);
