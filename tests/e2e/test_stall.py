@@ -15,7 +15,8 @@ with open(os.path.join(os.environ["MCPRUN_TEST_DIR"], f"pid.{rank}"), "w") as f:
     f.write(str(os.getpid()))
 behaviour = os.environ.get(f"BEHAVIOUR_{rank}", "")
 print(f"rank {rank} up", flush=True)
-if behaviour == "late_init":
+if behaviour == "late_init" or (behaviour == "late_first_attempt" and
+                                os.environ["TORCHELASTIC_RESTART_COUNT"] == "0"):
     print("sleeping before init_process_group", flush=True)
     time.sleep(600)
 import torch
@@ -107,6 +108,14 @@ class StallTest(LauncherTestCase):
             self.assertIn("Python tracebacks", text, dump)
             self.assertRegex(text, r"File \".*worker\.py\", line \d+", dump)
         self.assertTrue(glob.glob(os.path.join(logs, "*", "attempt_0", "stall_report.txt")))
+
+    def test_a_stall_restarts_the_round_under_max_restarts(self):
+        code, out, err, _, _ = self.launch("--init-timeout", "8", "--max-restarts", "1",
+                                           behaviour={1: "late_first_attempt"}, nproc="2")
+        self.assertEqual(code, 0, err)
+        self.assertIn("job STALLED", err)
+        self.assertIn("restarting the worker group after the stall (1 of 1 restarts)", err)
+        self.assertEqual(out.count("done"), 2, out)
 
     def test_sigstopped_rank_is_a_heartbeat_stall(self):
         code, _, err, _, logs = self.launch("--heartbeat-timeout", "3", mode="heartbeat",
