@@ -8,6 +8,7 @@
 #include <fstream>
 #include <iostream>
 
+#include "common/descriptor_limit.hpp"
 #include "common/event_loop.hpp"
 #include "common/exit_status.hpp"
 #include "common/logging.hpp"
@@ -338,6 +339,7 @@ int launch(const LaunchConfig& config) {
       spdlog::error("{}", error);
       return false;
     }
+    raise_descriptor_limit();  // A connection or two per rank of the job.
     watch.host_store(std::move(*acceptor));
     return true;
   };

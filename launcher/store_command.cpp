@@ -1,7 +1,6 @@
 #include "launcher/store_command.hpp"
 
 #include <signal.h>
-#include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
 #include <boost/asio/io_context.hpp>
@@ -10,6 +9,7 @@
 #include <cstdio>
 #include <memory>
 
+#include "common/descriptor_limit.hpp"
 #include "common/exit_status.hpp"
 #include "common/logging.hpp"
 #include "launcher/tcp_store.hpp"
@@ -32,15 +32,6 @@ constexpr const char* kStoreDescription =
 int usage_error(const std::string& message) {
   std::fprintf(stderr, "mcprun: error: %s\n", message.c_str());
   return kExitUsage;
-}
-
-/// A store for a large job holds a connection per rank, more than the usual soft limit of 1024.
-void raise_descriptor_limit() {
-  rlimit limit{};
-  if (::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < limit.rlim_max) {
-    limit.rlim_cur = limit.rlim_max;
-    ::setrlimit(RLIMIT_NOFILE, &limit);
-  }
 }
 
 }  // namespace
