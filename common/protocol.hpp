@@ -28,6 +28,10 @@
 //                             last_line_age_s, stack_file}]: one node's ranks, for every report
 //   barrier    agent->daemon  name, rank: a rank reached helper barrier `name`
 //   barrier_done daemon->agent name: every rank of the job reached it
+//   clock      both ways      unix_time_ns (the daemon's reply only): the daemon's wall clock,
+//                             for `mcprun doctor`'s skew check. Answered without a token (the
+//                             time is no secret); before a join the daemon then closes the
+//                             connection, after one it keeps it
 #pragma once
 
 #include <nlohmann/json.hpp>

@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "launcher/job_file.hpp"
+
 namespace mcprun {
 namespace {
 
@@ -80,7 +82,10 @@ std::optional<StreamSpec> parse_stream_spec(const std::string& text) {
   return spec;
 }
 
-ParseResult parse_launch_config(const std::vector<std::string>& args) {
+namespace {
+
+/// parse_launch_config, recording in `job` what a --config job file set.
+ParseResult parse_arguments(const std::vector<std::string>& args, JobFile& job) {
   LaunchConfig config;
   CLI::App app{
       "mcprun: a native drop-in for torchrun. Spawns one fresh process per worker, pins each to\n"
@@ -92,6 +97,16 @@ ParseResult parse_launch_config(const std::vector<std::string>& args) {
   app.prefix_command();  // Everything from the script on belongs to the script.
   app.option_defaults()->always_capture_default();
   app.set_version_flag("--version", "mcprun 0.1.0");
+  app.footer(
+      "\nExit codes: 0 every worker exited 0; 1-125 the first failing worker's own code; 1 mcprun\n"
+      "could not proceed; 2 usage error; 3 the job stalled; 75 rendezvous failed or a node was lost;\n"
+      "124 --timeout passed; 128+N a worker died of, or mcprun was interrupted by, signal N.\n"
+      "--summary-json's \"result\" (success|failed|stalled|timeout|interrupted) tells them apart.\n\n"
+      "CI examples:\n"
+      "  mcprun --config configs/ci-smoke.yaml          # a job file; flags given here override it\n"
+      "  mcprun --config job.yaml -n 1 --timeout 120    # the same job, smaller and shorter\n"
+      "  mcprun -n 2 --timeout 600 --init-timeout 60 --summary-json summary.json \\\n"
+      "         --junit junit.xml train.py --epochs 1");
 
   std::string nproc_text = "1", redirects_text = "0", tee_text = "0", ranks_filter_text,
               bind_text = "none", gpus_text;
@@ -155,6 +170,20 @@ ParseResult parse_launch_config(const std::vector<std::string>& args) {
                  "Wall-clock limit in seconds for the whole job, restarts included (0: none); "
                  "on expiry the group is stopped and mcprun exits 124")
       ->check(CLI::NonNegativeNumber);
+  std::string job_file_path;
+  app.add_option("--config", job_file_path,
+                 "YAML job file: any of these flags by its long name (nproc-per-node: 2), env: "
+                 "(added to every worker's environment), script: and args:. Flags given here "
+                 "override it (see configs/ci-smoke.yaml)")
+      ->type_name("FILE");
+  app.add_option("--summary-json", config.summary_json,
+                 "When mcprun ends, however it ends, write the result, exit code, root cause and "
+                 "each local rank's exit, duration and logs to this file as JSON")
+      ->type_name("FILE");
+  app.add_option("--junit", config.junit,
+                 "When mcprun ends, write a JUnit XML report to this file: one test case per local "
+                 "rank; a failed or stalled rank carries the root cause and its last output lines")
+      ->type_name("FILE");
   add("gpu-wait", config.gpu_wait,
       "On a box whose rendezvousd leases GPUs (MCPRUN_DAEMON, default its unix socket under "
       "/run/mcprun): seconds to wait for enough free GPUs; 0 fails at once naming who holds them")
@@ -188,9 +217,16 @@ ParseResult parse_launch_config(const std::vector<std::string>& args) {
   flag("verbose", config.verbose, "Log each step of the launch", "-v");
 
   // CLI11 wants argv back to front.
-  std::vector<std::string> reversed(args.rbegin(), args.rend());
+  const std::vector<std::string> reversed(args.rbegin(), args.rend());
   try {
-    app.parse(reversed);
+    app.parse(std::vector<std::string>(reversed));
+    if (!job_file_path.empty()) {
+      auto loaded = apply_job_file(app, job_file_path);
+      if (auto* error = std::get_if<std::string>(&loaded)) return UsageError{*error};
+      job = std::move(std::get<JobFile>(loaded));
+      app.parse(std::vector<std::string>(reversed));  // The command line beats the file.
+      std::erase_if(job.flag_lines, [&](const auto& flag) { return app.count("--" + flag.first) > 0; });
+    }
   } catch (const CLI::CallForHelp&) {
     return InfoRequest{app.help()};
   } catch (const CLI::CallForVersion&) {
@@ -201,6 +237,11 @@ ParseResult parse_launch_config(const std::vector<std::string>& args) {
 
   std::vector<std::string> rest = app.remaining();
   if (!rest.empty() && rest.front() == "--") rest.erase(rest.begin());
+  if (rest.empty() && job.script) {  // The command line names no script: the file's, with its args.
+    rest = {*job.script};
+    rest.insert(rest.end(), job.script_args.begin(), job.script_args.end());
+  }
+  config.env = job.env;
   if (rest.empty()) return UsageError{"no training script given (usage: mcprun [flags] SCRIPT [ARGS...])"};
   if (rest.front().size() > 1 && rest.front()[0] == '-')
     return UsageError{"unknown flag " + rest.front() + " (see mcprun --help)"};
@@ -292,9 +333,19 @@ ParseResult parse_launch_config(const std::vector<std::string>& args) {
     config.master_port = 29500;
   if (config.standalone) config.master_addr = "127.0.0.1";
   else if (!config.local_addr.empty() && app.count("--master-addr") == 0 &&
-           std::getenv("PET_MASTER_ADDR") == nullptr)
+           !job.flag_lines.contains("master-addr") && std::getenv("PET_MASTER_ADDR") == nullptr)
     config.master_addr = config.local_addr;
   return config;
+}
+
+}  // namespace
+
+ParseResult parse_launch_config(const std::vector<std::string>& args) {
+  JobFile job;
+  ParseResult result = parse_arguments(args, job);
+  // A file's value that CLI11 took and mcprun's own checks refused is still named at its line.
+  if (auto* error = std::get_if<UsageError>(&result)) error->message = job.locate(error->message);
+  return result;
 }
 
 }  // namespace mcprun

@@ -73,6 +73,9 @@ struct LaunchConfig {
   std::optional<std::string> gpus;      ///< --gpus subset, CUDA_VISIBLE_DEVICES syntax.
   enum class CpuBind { kNone, kNuma } bind = CpuBind::kNone;
   bool verbose = false;
+  std::map<std::string, std::string> env;  ///< The job file's env:, added to every worker's environment.
+  std::string summary_json;             ///< --summary-json: how the job ended, as JSON, for CI.
+  std::string junit;                    ///< --junit: one JUnit test case per rank, for CI.
 
   /// More than one node through rendezvousd; static multi-node needs no rendezvous.
   bool uses_rendezvous() const { return max_nodes > 1 && rdzv_backend != "static"; }
@@ -93,7 +96,8 @@ struct InfoRequest {
 
 using ParseResult = std::variant<LaunchConfig, UsageError, InfoRequest>;
 
-/// Parses argv (without the subcommand) against the environment, for `PET_*` fallbacks.
+/// Parses argv (without the subcommand) against the environment, for `PET_*` fallbacks, and
+/// the --config job file (the command line beats the file, which beats PET_* variables).
 ParseResult parse_launch_config(const std::vector<std::string>& args);
 
 /// Parses "3" or "0:1,2:3" (torchrun's --redirects/--tee syntax); nullopt when malformed.

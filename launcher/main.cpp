@@ -14,11 +14,13 @@
 #include "common/logging.hpp"
 #include "common/protocol.hpp"
 #include "common/topology.hpp"
+#include "launcher/doctor.hpp"
 #include "launcher/failure_report.hpp"
 #include "launcher/operator_command.hpp"
 #include "launcher/port_reservation.hpp"
 #include "launcher/rank_plan.hpp"
 #include "launcher/rendezvous_client.hpp"
+#include "launcher/run_summary.hpp"
 #include "launcher/stall_report.hpp"
 #include "launcher/stall_watch.hpp"
 #include "launcher/store_command.hpp"
@@ -219,7 +221,7 @@ int show_topology() {
   return kExitSuccess;
 }
 
-int launch(const LaunchConfig& config) {
+int launch(const LaunchConfig& config, RunSummary& summary) {
   const Environment inherited = current_environment();
   boost::asio::io_context io;
   std::vector<GpuDevice> gpus = discover_gpus();
@@ -368,7 +370,7 @@ int launch(const LaunchConfig& config) {
   }
   // A stall: this node's ranks are diagnosed before their stacks are dumped, and every other
   // node hears of them at once, so each node's report covers the whole job.
-  std::vector<RankProgress> stall_ranks;
+  std::vector<RankProgress>& stall_ranks = summary.stall_ranks;
   std::set<std::string> reported_nodes;
   group.on_stall([&](const StallNotice& notice, const std::vector<WorkerStatus>& workers) {
     std::vector<RankProgress> local = watch.diagnose(notice, workers);
@@ -438,7 +440,9 @@ int launch(const LaunchConfig& config) {
         rendezvous->send({{"type", "barrier"}, {"name", name}, {"rank", rank}});
       };
     watch.begin_attempt(restart_count, plan.job.world_size, plan.job.master_port, std::move(hooks));
+    summary.begin_attempt();
     AttemptResult result = group.run_attempt(restart_count, run_dir.attempt(attempt));
+    summary.end_attempt(result, run_dir.attempt(attempt), plan.job.world_size);
     watch.end_attempt();
     switch (result.end) {
       case AttemptResult::End::kSucceeded:
@@ -521,6 +525,8 @@ int main(int argc, char** argv) {
     }
     if (!args.empty() && args.front() == "store")
       return run_store_command({args.begin() + 1, args.end()});
+    if (!args.empty() && args.front() == "doctor")
+      return run_doctor({args.begin() + 1, args.end()});
     ParseResult parsed = parse_launch_config(args);
     if (auto* info = std::get_if<InfoRequest>(&parsed)) {
       std::cout << info->text;
@@ -529,7 +535,10 @@ int main(int argc, char** argv) {
     if (auto* error = std::get_if<UsageError>(&parsed)) return usage_error(error->message);
     const LaunchConfig& config = std::get<LaunchConfig>(parsed);
     init_logging("mcprun", config.verbose);
-    return launch(config);
+    RunSummary summary(config, host_name());
+    const int code = launch(config, summary);
+    summary.write(code);  // Every ending of launch(), for CI.
+    return code;
   } catch (const std::exception& error) {
     std::fprintf(stderr, "mcprun: fatal: %s\n", error.what());
     return kExitFailure;

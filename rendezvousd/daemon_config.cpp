@@ -13,6 +13,10 @@ std::chrono::milliseconds seconds_to_ms(double seconds) {
   return std::chrono::milliseconds(static_cast<long>(seconds * 1000));
 }
 
+const std::map<std::string, spdlog::level::level_enum> kLogLevels{
+    {"debug", spdlog::level::debug}, {"info", spdlog::level::info},
+    {"warning", spdlog::level::warn}, {"error", spdlog::level::err}};
+
 }  // namespace
 
 std::optional<std::string> load_daemon_config(const std::string& path, DaemonConfig& config) {
@@ -32,8 +36,16 @@ std::optional<std::string> load_daemon_config(const std::string& path, DaemonCon
     if (value <= 0) throw YAML::Exception(YAML::Mark::null_mark(), "must be > 0");
     return value;
   };
+  auto endpoint = [](const YAML::Node& n) {
+    const auto text = n.as<std::string>();
+    if (!parse_endpoint(text)) throw YAML::Exception(n.Mark(), "not IP:PORT");
+    return text;
+  };
   const std::map<std::string, std::pair<const char*, Setter>> keys{
-      {"listen", {"IP:PORT", [&](const YAML::Node& n) { config.listen = n.as<std::string>(); }}},
+      {"listen", {"IP:PORT", [&](const YAML::Node& n) { config.listen = endpoint(n); }}},
+      {"metrics_listen", {"IP:PORT or empty", [&](const YAML::Node& n) {
+         config.metrics_listen = n.IsNull() || n.as<std::string>().empty() ? "" : endpoint(n);
+       }}},
       {"unix_socket", {"a path", [&](const YAML::Node& n) { config.server.unix_socket = n.as<std::string>(); }}},
       {"token_file", {"a path", [&](const YAML::Node& n) { config.token_file = n.as<std::string>(); }}},
       {"lease_s", {"seconds > 0", [&](const YAML::Node& n) {
@@ -51,6 +63,14 @@ std::optional<std::string> load_daemon_config(const std::string& path, DaemonCon
       {"label_precedence", {"a list of label names", [&](const YAML::Node& n) {
          config.server.label_precedence = n.as<std::vector<std::string>>();
        }}},
+      {"stop_timeout_s", {"seconds > 0", [&](const YAML::Node& n) {
+         config.stop_timeout = seconds_to_ms(positive(n.as<double>()));
+       }}},
+      {"log_level", {"debug, info, warning or error", [&](const YAML::Node& n) {
+         auto level = kLogLevels.find(n.as<std::string>());
+         if (level == kLogLevels.end()) throw YAML::Exception(n.Mark(), "unknown level");
+         config.log_level = level->second;
+       }}},
   };
   for (const auto& entry : root) {
     const std::string key = entry.first.as<std::string>();
@@ -64,6 +84,19 @@ std::optional<std::string> load_daemon_config(const std::string& path, DaemonCon
     }
   }
   return std::nullopt;
+}
+
+std::optional<boost::asio::ip::tcp::endpoint> parse_endpoint(const std::string& text) {
+  const auto colon = text.rfind(':');
+  if (colon == std::string::npos) return std::nullopt;
+  boost::system::error_code ec;
+  const auto address = boost::asio::ip::make_address(text.substr(0, colon), ec);
+  const std::string port = text.substr(colon + 1);
+  if (ec || port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos)
+    return std::nullopt;
+  const int number = std::stoi(port);
+  if (number > 65535) return std::nullopt;
+  return boost::asio::ip::tcp::endpoint(address, static_cast<unsigned short>(number));
 }
 
 std::optional<std::string> load_token(DaemonConfig& config) {

@@ -1,52 +1,124 @@
 // rendezvousd: assigns ranks to mcprun agents and publishes MASTER_ADDR/MASTER_PORT.
+#include <unistd.h>
+
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 
 #include <csignal>
-#include <sys/resource.h>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <optional>
+#include <string>
+#include <variant>
 
-#include <fstream>
-#include <iostream>
-
+#include "common/descriptor_limit.hpp"
 #include "common/exit_status.hpp"
 #include "common/logging.hpp"
 #include "rendezvousd/daemon_config.hpp"
+#include "rendezvousd/metrics_http.hpp"
 #include "rendezvousd/rendezvous_server.hpp"
+#include "rendezvousd/systemd_notify.hpp"
 
 namespace {
 
-/// A daemon with thousands of agents needs more descriptors than the usual soft limit of 1024.
-void raise_descriptor_limit() {
-  rlimit limit{};
-  if (::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < limit.rlim_max) {
-    limit.rlim_cur = limit.rlim_max;
-    ::setrlimit(RLIMIT_NOFILE, &limit);
+using namespace mcprun;
+using tcp = boost::asio::ip::tcp;
+
+/// The command line, kept so that a reload lays it over the re-read file as the start did.
+struct DaemonFlags {
+  std::string config_file, listen, metrics_listen, unix_socket, token_file;
+  double lease_s = 0, first_message_s = 0, stop_timeout_s = 0;
+  bool verbose = false;
+};
+
+/// A configuration ready to serve, with its addresses parsed.
+struct StartupConfig {
+  DaemonConfig config;
+  tcp::endpoint listen;
+  std::optional<tcp::endpoint> metrics;
+};
+
+std::chrono::milliseconds seconds_to_ms(double seconds) {
+  return std::chrono::milliseconds(static_cast<long>(seconds * 1000));
+}
+
+/// The file, the flags over it, the token: the one way a configuration is built, at start and on
+/// SIGHUP. An error line naming the input otherwise.
+std::variant<StartupConfig, std::string> build_config(const DaemonFlags& flags) {
+  StartupConfig built;
+  DaemonConfig& config = built.config;
+  if (!flags.config_file.empty())
+    if (auto error = load_daemon_config(flags.config_file, config)) return *error;
+  if (!flags.listen.empty()) config.listen = flags.listen;
+  if (!flags.metrics_listen.empty()) config.metrics_listen = flags.metrics_listen;
+  if (!flags.token_file.empty()) config.token_file = flags.token_file;
+  if (!flags.unix_socket.empty()) config.server.unix_socket = flags.unix_socket;
+  if (flags.lease_s > 0) config.server.lease = seconds_to_ms(flags.lease_s);
+  if (flags.first_message_s > 0) config.server.first_message_timeout = seconds_to_ms(flags.first_message_s);
+  if (flags.stop_timeout_s > 0) config.stop_timeout = seconds_to_ms(flags.stop_timeout_s);
+  if (flags.verbose) config.log_level = spdlog::level::debug;
+  if (auto error = load_token(config)) return *error;
+  auto listen = parse_endpoint(config.listen);
+  if (!listen) return "listen " + config.listen + ": expected IP:PORT";
+  built.listen = *listen;
+  if (!config.metrics_listen.empty()) {
+    built.metrics = parse_endpoint(config.metrics_listen);
+    if (!built.metrics) return "metrics_listen " + config.metrics_listen + ": expected IP:PORT";
   }
+  return built;
+}
+
+/// The systemd status line: what the daemon holds.
+std::string status_line(const ServerLoad& load) {
+  return fmt::format("jobs: {} joining, {} running, {} finished; nodes: {}; connections: {}",
+                     load.joining, load.running, load.finished, load.nodes, load.connections);
+}
+
+/// Applies a reloaded configuration where it can change at run time; returns the running one.
+DaemonConfig apply_reload(const DaemonConfig& running, DaemonConfig next, RendezvousServer& server) {
+  const std::pair<const char*, std::pair<std::string, std::string>> fixed[] = {
+      {"listen", {running.listen, next.listen}},
+      {"unix_socket", {running.server.unix_socket, next.server.unix_socket}},
+      {"metrics_listen", {running.metrics_listen, next.metrics_listen}}};
+  for (const auto& [key, values] : fixed)
+    if (values.first != values.second)
+      spdlog::warn("reload: {} changed from '{}' to '{}'; that needs a restart", key, values.first,
+                   values.second);
+  next.listen = running.listen;
+  next.server.unix_socket = running.server.unix_socket;
+  next.metrics_listen = running.metrics_listen;
+  server.reload(next.server);
+  spdlog::set_level(next.log_level);
+  return next;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  using namespace mcprun;
   CLI::App app{"rendezvousd: the rendezvous service for mcprun agents", "rendezvousd"};
   app.option_defaults()->always_capture_default();
-  DaemonConfig config;
-  std::string config_file, listen, token_file;
-  double lease_s = 0, first_message_s = 0;
-  bool verbose = false;
-  app.add_option("--config", config_file, "YAML configuration (see configs/rendezvousd.yaml)");
-  app.add_option("--listen", listen, "IP:PORT to listen on (default 0.0.0.0:29400; port 0: any, logged)");
-  std::string unix_socket;
-  app.add_option("--unix-socket", unix_socket, "Also listen on this unix socket for local agents "
+  DaemonFlags flags;
+  app.add_option("--config", flags.config_file,
+                 "YAML configuration (see configs/rendezvousd.yaml); SIGHUP re-reads it");
+  app.add_option("--listen", flags.listen, "IP:PORT to listen on (default 0.0.0.0:29400; port 0: any, logged)");
+  app.add_option("--unix-socket", flags.unix_socket, "Also listen on this unix socket for local agents "
                  "(mcprun --rdzv-endpoint unix:PATH)");
-  app.add_option("--token-file", token_file, "File holding the shared token agents must present");
-  app.add_option("--lease", lease_s, "Seconds of agent silence before it is lost (default 15)")
+  app.add_option("--metrics-listen", flags.metrics_listen,
+                 "IP:PORT serving Prometheus metrics at /metrics (default: none; port 0: any, logged)");
+  app.add_option("--token-file", flags.token_file, "File holding the shared token agents must present");
+  app.add_option("--lease", flags.lease_s, "Seconds of agent silence before it is lost (default 15)")
       ->check(CLI::PositiveNumber);
-  app.add_option("--first-message-timeout", first_message_s,
+  app.add_option("--first-message-timeout", flags.first_message_s,
                  "Seconds a new connection may take to send its join (default 10)")
       ->check(CLI::PositiveNumber);
-  app.add_flag("-v,--verbose", verbose, "Debug logging");
+  app.add_option("--stop-timeout", flags.stop_timeout_s,
+                 fmt::format("Seconds SIGTERM may take before the exit is forced (default {})",
+                             kDefaultStopTimeout.count()))
+      ->check(CLI::PositiveNumber);
+  app.add_flag("-v,--verbose", flags.verbose, "Debug logging");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
@@ -54,52 +126,81 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "rendezvousd: error: %s\n", error.what());
     return kExitUsage;
   }
-  init_logging("rendezvousd", verbose);
-  if (!config_file.empty())
-    if (auto error = load_daemon_config(config_file, config)) {
-      std::fprintf(stderr, "rendezvousd: error: %s\n", error->c_str());
-      return kExitUsage;
-    }
-  // Flags override the file.
-  if (!listen.empty()) config.listen = listen;
-  if (!token_file.empty()) config.token_file = token_file;
-  if (!unix_socket.empty()) config.server.unix_socket = unix_socket;
-  if (lease_s > 0) config.server.lease = std::chrono::milliseconds(static_cast<long>(lease_s * 1000));
-  if (first_message_s > 0)
-    config.server.first_message_timeout = std::chrono::milliseconds(static_cast<long>(first_message_s * 1000));
-  if (auto error = load_token(config)) {
+  init_logging("rendezvousd", flags.verbose);
+  auto built = build_config(flags);
+  if (auto* error = std::get_if<std::string>(&built)) {
     std::fprintf(stderr, "rendezvousd: error: %s\n", error->c_str());
     return kExitUsage;
   }
+  StartupConfig& startup = std::get<StartupConfig>(built);
+  DaemonConfig& config = startup.config;
+  spdlog::set_level(config.log_level);
   raise_descriptor_limit();
 
-  auto colon = config.listen.rfind(':');
-  boost::system::error_code ec;
-  auto address = boost::asio::ip::make_address(config.listen.substr(0, colon), ec);
-  int port = -1;
+  boost::asio::io_context io;
+  // Caught from here on, though handled only once the loop runs: none may kill the daemon early.
+  boost::asio::signal_set stop_signals(io, SIGINT, SIGTERM), reload_signal(io, SIGHUP);
+  std::optional<RendezvousServer> server;
+  std::optional<MetricsServer> metrics;
+  std::string listening = config.listen;  // What was being opened, for the error line.
+  if (!config.server.unix_socket.empty()) listening += " and unix:" + config.server.unix_socket;
   try {
-    if (colon != std::string::npos) port = std::stoi(config.listen.substr(colon + 1));
-  } catch (const std::exception&) {
-  }
-  if (ec || port < 0 || port > 65535) {
-    std::fprintf(stderr, "rendezvousd: error: listen %s: expected IP:PORT\n", config.listen.c_str());
-    return kExitUsage;
-  }
-  try {
-    boost::asio::io_context io;
-    RendezvousServer server(io, {address, static_cast<unsigned short>(port)}, config.server);
-    spdlog::info("listening on {}:{}", server.local_endpoint().address().to_string(),
-                 server.local_endpoint().port());
-    if (!config.server.unix_socket.empty())
-      spdlog::info("listening on unix:{}", config.server.unix_socket);
-    boost::asio::signal_set stop_signals(io, SIGINT, SIGTERM);
-    stop_signals.async_wait([&](boost::system::error_code, int signal) {
-      spdlog::info("received signal {}; stopping", signal);
-      server.stop();
-    });
-    io.run();
+    server.emplace(io, startup.listen, config.server);
+    spdlog::info("listening on {}:{}", server->local_endpoint().address().to_string(),
+                 server->local_endpoint().port());
+    if (!config.server.unix_socket.empty()) spdlog::info("listening on unix:{}", config.server.unix_socket);
+    if (startup.metrics) {
+      listening = config.metrics_listen;
+      metrics.emplace(io, *startup.metrics, [&] {
+        return render_metrics(server->stats(), server->load(), resident_memory_bytes());
+      });
+      spdlog::info("serving metrics on http://{}:{}/metrics", metrics->local_endpoint().address().to_string(),
+                   metrics->local_endpoint().port());
+    }
   } catch (const boost::system::system_error& error) {
-    spdlog::error("cannot listen on {}: {}", config.listen, error.code().message());
+    spdlog::error("cannot listen on {}: {}", listening, error.what());
+    return kExitFailure;
+  }
+
+  ServiceNotifier notifier(io, NotifySocket::from_environment(),
+                           watchdog_interval(std::getenv("WATCHDOG_USEC"), std::getenv("WATCHDOG_PID"), ::getpid()),
+                           [&] { return status_line(server->load()); });
+
+  std::function<void()> await_reload = [&] {
+    reload_signal.async_wait([&](boost::system::error_code ec, int) {
+      if (ec) return;
+      notifier.reloading();
+      auto reloaded = build_config(flags);
+      if (auto* next = std::get_if<StartupConfig>(&reloaded)) {
+        config = apply_reload(config, std::move(next->config), *server);
+        spdlog::info("reloaded the configuration{}", flags.config_file.empty() ? "" : " from " + flags.config_file);
+      } else {
+        spdlog::error("reload refused, keeping the running configuration: {}", std::get<std::string>(reloaded));
+      }
+      notifier.ready();
+      await_reload();
+    });
+  };
+  await_reload();
+  bool stopping = false;
+  stop_signals.async_wait([&](boost::system::error_code ec, int signal) {
+    if (ec) return;
+    spdlog::info("received signal {}; stopping", signal);
+    stopping = true;
+    notifier.stopping();
+    reload_signal.cancel();
+    server->stop();
+    if (metrics) metrics->stop();
+    io.stop();  // What is left drains below, under the stop timeout.
+  });
+  notifier.ready();
+  io.run();
+  if (!stopping) return kExitSuccess;
+  io.restart();
+  io.run_for(config.stop_timeout);
+  if (!io.stopped()) {
+    spdlog::error("still closing connections after {} s; forcing the exit",
+                  std::chrono::duration<double>(config.stop_timeout).count());
     return kExitFailure;
   }
   return kExitSuccess;

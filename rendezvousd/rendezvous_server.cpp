@@ -57,10 +57,12 @@ void RendezvousServer::stop() {
     local_acceptor_->close(ignored);
     ::unlink(settings_.unix_socket.c_str());
   }
+  // Forgotten before their sessions close, so that no agent hears of a lost node: the agents of
+  // running jobs keep their workers and re-register with the next daemon.
+  jobs_.clear();
+  waiting_leases_.clear();
   auto sessions = sessions_;
   for (const auto& session : sessions) session->close();
-  for (auto& [id, job] : jobs_)
-    if (job.deadline) job.deadline->cancel();
 }
 
 RendezvousServer::Job* RendezvousServer::job_of(const AgentSession& session) {
@@ -71,6 +73,15 @@ RendezvousServer::Job* RendezvousServer::job_of(const AgentSession& session) {
 bool RendezvousServer::job_finished(const std::string& job_id) const {
   auto it = jobs_.find(job_id);
   return it != jobs_.end() && it->second.finished;
+}
+
+ServerLoad RendezvousServer::load() const {
+  ServerLoad load{.connections = sessions_.size(), .leased_gpus = leases_.leased_gpus()};
+  for (const auto& [id, job] : jobs_) {
+    ++(job.finished ? load.finished : job.running ? load.running : load.joining);
+    if (!job.finished) load.nodes += job.members.size();
+  }
+  return load;
 }
 
 void RendezvousServer::accept() {
@@ -125,12 +136,23 @@ void RendezvousServer::on_message(const std::shared_ptr<AgentSession>& session,
   if (type == "jobs" || type == "status" || type == "stop") return handle_operator(session, message);
   if (type == "lease") return handle_lease(session, message);
   if (type == "heartbeat" && session->lease_id != 0) return;
+  if (type == "clock") {  // `mcprun doctor` measures skew with it, before any join.
+    const nlohmann::json now = {
+        {"type", "clock"},
+        {"unix_time_ns", std::chrono::duration_cast<std::chrono::nanoseconds>(
+                             std::chrono::system_clock::now().time_since_epoch())
+                             .count()}};
+    // An unauthenticated peer gets one answer, so it cannot hold a connection open with clocks.
+    if (session->job_id.empty() && session->lease_id == 0) return session->reply_and_close(now);
+    return session->send(now);
+  }
   if (session->job_id.empty()) return session->refuse("'" + type + "' before 'join'");
   Job* current = job_of(*session);
   if (!current) return;  // A message about a round that has been replaced.
   Job& job = *current;
   if (type == "heartbeat") return;
   if (type == "failed") {
+    if (!job.finished) ++stats_.failures;  // Counted once per round, however many nodes report.
     spdlog::info("job {}: node {} reports a failure; stopping every node", session->job_id,
                  session->node);
     nlohmann::json notice = message;
@@ -139,6 +161,7 @@ void RendezvousServer::on_message(const std::shared_ptr<AgentSession>& session,
     return finish(session->job_id);
   }
   if (type == "stall") {
+    if (!job.finished) ++stats_.stalls;
     spdlog::warn("job {}: node {} declares a stall: {}; stopping every node", session->job_id,
                  session->node, message.value("what", std::string("?")));
     nlohmann::json notice = message;
@@ -227,6 +250,9 @@ void RendezvousServer::handle_join(const std::shared_ptr<AgentSession>& session,
     return session->refuse("job " + job_id + " belongs to " + user_name(*it->second.owner) +
                            "; only that user or root may join it from this host");
   if (it == jobs_.end() || it->second.finished) {
+    // The survivors of a round that failed, stalled or lost a node re-join: a restart.
+    if (it != jobs_.end() && it->second.running && it->second.done_nodes.size() < it->second.members.size())
+      ++stats_.restarts;
     open_round(job_id, round).owner = session->uid;  // A finished job's id may be reused.
   } else if (it->second.running) {
     Job& running = it->second;
@@ -300,6 +326,7 @@ void RendezvousServer::handle_rejoin(const std::shared_ptr<AgentSession>& sessio
       const std::string missing = std::to_string(rebuilt.expected_nodes - rebuilt.members.size()) +
                                   " node(s) that did not come back after the restart";
       spdlog::warn("job {}: {}; stopping every node", job_id, missing);
+      ++stats_.failures;
       broadcast(rebuilt, {{"type", "lost"}, {"node", missing}});
       finish(job_id);
     });
@@ -414,6 +441,7 @@ void RendezvousServer::advance(const std::string& job_id) {
       const RoundResult& result = job.round->result();
       job.world_size = result.world_size;
       job.expected_nodes = static_cast<int>(result.nodes.size());
+      stats_.record_round(std::chrono::duration<double>(Clock::now() - job.created_at).count());
       for (const auto& node : result.nodes) {
         auto member = job.members[node.node].lock();
         if (!member) continue;
@@ -487,6 +515,7 @@ void RendezvousServer::on_closed(const std::shared_ptr<AgentSession>& session) {
     return;
   }
   spdlog::warn("job {}: node {} lost; stopping every other node", session->job_id, session->node);
+  ++stats_.failures;
   broadcast(job, {{"type", "lost"}, {"node", session->node}}, session->node);
   finish(session->job_id);
 }

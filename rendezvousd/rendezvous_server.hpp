@@ -11,6 +11,7 @@
 
 #include <sys/types.h>
 
+#include <array>
 #include <chrono>
 #include <deque>
 #include <map>
@@ -37,6 +38,33 @@ struct ServerSettings {
   int lease_port_last = 29999;
 };
 
+/// What the server has done since it started, for the daemon's metrics; counters only grow.
+struct ServerStats {
+  /// Upper bounds of the round-duration histogram's buckets, in seconds: 1 ms to 600 s.
+  static constexpr std::array<double, 16> kRoundBuckets{
+      0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 120, 600};
+  uint64_t rounds = 0;                                        ///< Rounds that completed.
+  std::array<uint64_t, kRoundBuckets.size()> rounds_within{};  ///< Rounds no longer than each bound.
+  double round_seconds = 0;  ///< Completed rounds' durations (first join to complete), summed.
+  uint64_t failures = 0;     ///< Rounds ended by a worker failure or a lost node.
+  uint64_t stalls = 0;       ///< Rounds ended by a stall.
+  uint64_t restarts = 0;     ///< New rounds of a job whose last round failed, stalled or lost a node.
+
+  void record_round(double seconds) {
+    ++rounds;
+    round_seconds += seconds;
+    for (size_t i = 0; i < kRoundBuckets.size(); ++i) rounds_within[i] += seconds <= kRoundBuckets[i];
+  }
+};
+
+/// What the server holds right now, for the daemon's metrics and its systemd status.
+struct ServerLoad {
+  size_t joining = 0, running = 0, finished = 0;  ///< Jobs by state; finished ones until forgotten.
+  size_t nodes = 0;                               ///< Members of the jobs that have not finished.
+  size_t connections = 0;                         ///< Agent and operator connections.
+  size_t leased_gpus = 0;                         ///< GPUs leased to local jobs.
+};
+
 class AgentSession;
 
 /// How often the agents of a forming round hear who has joined (their terminal shows it).
@@ -48,7 +76,7 @@ class RendezvousServer {
   RendezvousServer(boost::asio::io_context& io, const boost::asio::ip::tcp::endpoint& listen,
                    ServerSettings settings);
   boost::asio::ip::tcp::endpoint local_endpoint() const { return acceptor_.local_endpoint(); }
-  /// Stops accepting and closes every session.
+  /// Stops accepting and closes every session, telling no agent anything: running jobs keep going.
   void stop();
   /// Whether job `job_id` exists and has ended (all nodes done, failed, lost or timed out).
   bool job_finished(const std::string& job_id) const;
@@ -57,6 +85,13 @@ class RendezvousServer {
   void on_message(const std::shared_ptr<AgentSession>& session, const nlohmann::json& message);
   void on_closed(const std::shared_ptr<AgentSession>& session);
   const ServerSettings& settings() const { return settings_; }
+  /// Takes reloaded settings, each read where it is used; the unix socket stays the one it serves.
+  void reload(ServerSettings settings) {
+    settings.unix_socket = settings_.unix_socket;
+    settings_ = std::move(settings);
+  }
+  const ServerStats& stats() const { return stats_; }
+  ServerLoad load() const;
 
  private:
   struct Job {
@@ -123,6 +158,7 @@ class RendezvousServer {
   };
   std::deque<WaitingLease> waiting_leases_;
   uint64_t next_lease_id_ = 1;
+  ServerStats stats_;
 };
 
 }  // namespace mcprun

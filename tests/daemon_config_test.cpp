@@ -27,6 +27,44 @@ TEST_F(DaemonConfigTest, ShippedDefaultLoads) {
   EXPECT_EQ(config.listen, "0.0.0.0:29400");
   EXPECT_EQ(config.server.lease, std::chrono::seconds(15));
   EXPECT_EQ(config.server.label_precedence, (std::vector<std::string>{"rack", "switch"}));
+  // What the systemd unit relies on.
+  EXPECT_EQ(config.server.unix_socket, "/run/mcprun/rendezvousd.sock");
+  EXPECT_EQ(config.metrics_listen, "127.0.0.1:29401");
+  EXPECT_EQ(config.stop_timeout, kDefaultStopTimeout);
+  EXPECT_EQ(config.log_level, spdlog::level::info);
+}
+
+TEST_F(DaemonConfigTest, ServiceKeysAreReadAndChecked) {
+  DaemonConfig config;
+  ASSERT_EQ(load_daemon_config(write("metrics_listen: 127.0.0.1:0\nstop_timeout_s: 0.5\nlog_level: warning\n"),
+                               config),
+            std::nullopt);
+  EXPECT_EQ(config.metrics_listen, "127.0.0.1:0");
+  EXPECT_EQ(config.stop_timeout, std::chrono::milliseconds(500));
+  EXPECT_EQ(config.log_level, spdlog::level::warn);
+  ASSERT_EQ(load_daemon_config(write("metrics_listen: \"\"\n"), config), std::nullopt);
+  EXPECT_EQ(config.metrics_listen, "");
+
+  auto metrics = load_daemon_config(write("metrics_listen: localhost:9100\n"), config);
+  ASSERT_TRUE(metrics);
+  EXPECT_NE(metrics->find(":1: 'metrics_listen' must be IP:PORT or empty"), std::string::npos) << *metrics;
+  auto listen = load_daemon_config(write("lease_s: 3\nlisten: 0.0.0.0:99999\n"), config);
+  ASSERT_TRUE(listen);
+  EXPECT_NE(listen->find(":2: 'listen' must be IP:PORT"), std::string::npos) << *listen;
+  auto level = load_daemon_config(write("log_level: loud\n"), config);
+  ASSERT_TRUE(level);
+  EXPECT_NE(level->find("'log_level' must be debug, info, warning or error"), std::string::npos) << *level;
+  EXPECT_TRUE(load_daemon_config(write("stop_timeout_s: 0\n"), config));
+}
+
+TEST(ParseEndpoint, TakesIpAndPortOnly) {
+  EXPECT_EQ(parse_endpoint("127.0.0.1:0"),
+            boost::asio::ip::tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"), 0));
+  EXPECT_EQ(parse_endpoint("::1:29400"),
+            boost::asio::ip::tcp::endpoint(boost::asio::ip::make_address("::1"), 29400));
+  for (const char* bad : {"", "127.0.0.1", "127.0.0.1:", "127.0.0.1:65536", "127.0.0.1:-1", "127.0.0.1:8o",
+                          "host:80", ":80"})
+    EXPECT_EQ(parse_endpoint(bad), std::nullopt) << bad;
 }
 
 TEST_F(DaemonConfigTest, KeysAreRead) {

@@ -1,0 +1,52 @@
+// rendezvousd's Prometheus metrics: the text exposition format, served over HTTP on the daemon's
+// own event loop.
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <set>
+#include <string>
+
+#include "rendezvousd/rendezvous_server.hpp"
+
+namespace mcprun {
+
+/// A metrics connection must send its whole request within this, and read the answer within it.
+inline constexpr std::chrono::seconds kMetricsReadTimeout{10};
+/// Largest request header accepted: a scrape sends a few hundred bytes; a GET has no body.
+inline constexpr size_t kMaxMetricsRequestBytes = 8 * 1024;
+/// Metrics connections open at once; more are closed at once, so scrapers cannot crowd agents.
+inline constexpr size_t kMaxMetricsConnections = 32;
+
+/// `stats` and `load` in the text exposition format 0.0.4, with the process's resident memory.
+std::string render_metrics(const ServerStats& stats, const ServerLoad& load, uint64_t resident_bytes);
+
+/// This process's resident set size, from /proc/self/statm; 0 when unreadable.
+uint64_t resident_memory_bytes();
+
+/// Answers GET /metrics with what `render` returns, 404 for any other path, 405 for any other
+/// method, and 4xx then a close for a malformed or oversized request.
+class MetricsServer {
+ public:
+  MetricsServer(boost::asio::io_context& io, const boost::asio::ip::tcp::endpoint& listen,
+                std::function<std::string()> render);
+  ~MetricsServer();
+  boost::asio::ip::tcp::endpoint local_endpoint() const { return acceptor_.local_endpoint(); }
+  /// Stops accepting and closes every connection.
+  void stop();
+
+ private:
+  class Connection;
+  void accept();
+
+  boost::asio::ip::tcp::acceptor acceptor_;
+  std::function<std::string()> render_;
+  std::set<std::shared_ptr<Connection>> connections_;
+};
+
+}  // namespace mcprun

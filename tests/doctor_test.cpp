@@ -1,0 +1,690 @@
+#include "launcher/doctor.hpp"
+
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <boost/asio/io_context.hpp>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "common/unique_fd.hpp"
+#include "rendezvousd/rendezvous_server.hpp"
+#include "tests/fake_sysfs.hpp"
+
+namespace mcprun {
+namespace {
+
+using testing::FakeSysfs;
+using Outcome = ConnectResult::Outcome;
+using namespace std::chrono_literals;
+
+/// Every probe answers what the test planted; nothing touches the live system.
+class FakeProbes : public DoctorProbes {
+ public:
+  std::variant<FilesystemSpace, std::string> space = FilesystemSpace{24ull << 30, 24ull << 30};
+  std::map<std::string, std::vector<std::string>> hosts = {{"localhost", {"127.0.0.1"}}};
+  std::map<std::string, std::string> routes;      ///< Destination -> source address.
+  std::map<std::string, std::string> interfaces;  ///< Local address -> interface.
+  std::vector<std::string> names = {"lo", "eth0"};
+  int bind_errno = 0;
+  std::optional<std::string> listener;
+  ConnectResult connect_result{Outcome::kRefused, ""};
+  std::variant<ClockReading, std::string> clock = ClockReading{};
+  std::vector<std::string> connected;  ///< Endpoints connect() was asked for.
+
+  std::variant<FilesystemSpace, std::string> filesystem_space(
+      const std::filesystem::path&) override {
+    return space;
+  }
+  std::variant<std::vector<std::string>, std::string> resolve(const std::string& host) override {
+    if (hosts.contains(host)) return hosts.at(host);
+    if (host.find_first_not_of("0123456789.") == std::string::npos)
+      return std::vector<std::string>{host};
+    return std::string("Name or service not known");
+  }
+  std::optional<std::string> source_address(const std::string& address) override {
+    if (!routes.contains(address)) return std::nullopt;
+    return routes.at(address);
+  }
+  std::optional<std::string> interface_of(const std::string& address) override {
+    if (!interfaces.contains(address)) return std::nullopt;
+    return interfaces.at(address);
+  }
+  std::vector<std::string> interface_names() override { return names; }
+  int bind_error(int) override { return bind_errno; }
+  std::optional<std::string> listener_on(int) override { return listener; }
+  ConnectResult connect(const PeerEndpoint& endpoint, std::chrono::milliseconds) override {
+    connected.push_back(endpoint.text());
+    return connect_result;
+  }
+  std::variant<ClockReading, std::string> read_clock(const PeerEndpoint&) override { return clock; }
+};
+
+/// A node with eth0 at 10.0.0.2 routing to a master at 10.0.0.1.
+struct DoctorTest : ::testing::Test {
+  FakeSysfs sysfs;
+  FakeProbes probes;
+  DoctorInputs inputs;
+  DoctorTest() {
+    inputs.sysfs_root = sysfs.root();
+    inputs.hostname = "node-a";
+    probes.hosts["node-a"] = {"10.0.0.2"};
+    probes.routes["10.0.0.1"] = "10.0.0.2";
+    probes.interfaces["10.0.0.2"] = "eth0";
+    probes.interfaces["127.0.0.1"] = "lo";
+  }
+};
+
+/// The only result of a check that must give exactly one.
+CheckResult only(const std::vector<CheckResult>& results) {
+  EXPECT_EQ(results.size(), 1u);
+  return results.empty() ? CheckResult{} : results.front();
+}
+
+/// The environment check's result that mentions `text`; fails the test when none does.
+CheckResult mentioning(const std::vector<CheckResult>& results, const std::string& text) {
+  for (const CheckResult& result : results)
+    if (result.finding.find(text) != std::string::npos) return result;
+  ADD_FAILURE() << "no finding mentions " << text;
+  return {};
+}
+
+// --- 1. /dev/shm ---
+
+TEST_F(DoctorTest, ShmOfDockersDefaultSizeFails) {
+  probes.space = FilesystemSpace{64ull << 20, 64ull << 20};
+  CheckResult result = check_shm(inputs, probes);
+  EXPECT_EQ(result.status, CheckStatus::kFail);
+  EXPECT_EQ(result.name, "shm");
+  EXPECT_NE(result.finding.find("64 MiB free of 64 MiB"), std::string::npos) << result.finding;
+  EXPECT_NE(result.remedy.find("--shm-size"), std::string::npos);
+  EXPECT_NE(result.remedy.find("--ipc=host"), std::string::npos);
+  EXPECT_NE(result.remedy.find("remount,size="), std::string::npos);
+}
+
+TEST_F(DoctorTest, ShmBelowOneGibWarnsAndAboveIsOk) {
+  probes.space = FilesystemSpace{512ull << 20, 512ull << 20};
+  EXPECT_EQ(check_shm(inputs, probes).status, CheckStatus::kWarn);
+  probes.space = FilesystemSpace{1ull << 30, 1ull << 30};
+  CheckResult result = check_shm(inputs, probes);
+  EXPECT_EQ(result.status, CheckStatus::kOk);
+  EXPECT_EQ(result.finding, "/dev/shm: 1 GiB free of 1 GiB");
+  EXPECT_TRUE(result.remedy.empty());
+}
+
+TEST_F(DoctorTest, ShmThatIsLargeButFullPointsAtStaleSegments) {
+  probes.space = FilesystemSpace{16ull << 30, 100ull << 20};
+  CheckResult result = check_shm(inputs, probes);
+  EXPECT_EQ(result.status, CheckStatus::kFail);
+  EXPECT_NE(result.remedy.find("stale segments"), std::string::npos) << result.remedy;
+}
+
+TEST_F(DoctorTest, ShmThatIsMissingFailsAndOneWithoutSizeWarns) {
+  probes.space = std::string("statvfs(/dev/shm): No such file or directory");
+  CheckResult missing = check_shm(inputs, probes);
+  EXPECT_EQ(missing.status, CheckStatus::kFail);
+  EXPECT_NE(missing.finding.find("No such file"), std::string::npos);
+  probes.space = FilesystemSpace{0, 0};
+  EXPECT_EQ(check_shm(inputs, probes).status, CheckStatus::kWarn);
+}
+
+// --- 2. The interface ---
+
+TEST_F(DoctorTest, InterfaceWithoutATargetIsOk) {
+  CheckResult result = check_interface(inputs, probes);
+  EXPECT_EQ(result.status, CheckStatus::kOk);
+  EXPECT_NE(result.finding.find("single-node"), std::string::npos);
+}
+
+TEST_F(DoctorTest, InterfaceOnLoopbackMasterIsOkForOneNode) {
+  inputs.master_addr = "127.0.0.1";
+  CheckResult result = check_interface(inputs, probes);
+  EXPECT_EQ(result.status, CheckStatus::kOk);
+  EXPECT_NE(result.finding.find("loopback"), std::string::npos);
+}
+
+TEST_F(DoctorTest, InterfaceThatRoutesOverEthernetIsOk) {
+  inputs.master_addr = "10.0.0.1";
+  CheckResult result = check_interface(inputs, probes);
+  EXPECT_EQ(result.status, CheckStatus::kOk);
+  EXPECT_EQ(result.finding, "the route to MASTER_ADDR 10.0.0.1 leaves through eth0 (10.0.0.2)");
+}
+
+TEST_F(DoctorTest, InterfaceOfAMasterOnThisNodeIsItsOwn) {
+  inputs.master_addr = "10.0.0.2";
+  probes.routes["10.0.0.2"] = "10.0.0.2";
+  CheckResult result = check_interface(inputs, probes);
+  EXPECT_EQ(result.status, CheckStatus::kOk);
+  EXPECT_EQ(result.finding, "MASTER_ADDR 10.0.0.2 is this node's address on eth0");
+}
+
+TEST_F(DoctorTest, InterfaceOnABridgeOrLoWarns) {
+  inputs.master_addr = "172.17.0.5";
+  probes.routes["172.17.0.5"] = "172.17.0.1";
+  for (const char* bridge : {"docker0", "virbr0", "br-5e2f0c1a"}) {
+    probes.interfaces["172.17.0.1"] = bridge;
+    CheckResult result = check_interface(inputs, probes);
+    EXPECT_EQ(result.status, CheckStatus::kWarn) << bridge;
+    EXPECT_NE(result.finding.find(bridge), std::string::npos);
+    EXPECT_NE(result.remedy.find("NCCL_SOCKET_IFNAME"), std::string::npos);
+    EXPECT_NE(result.remedy.find("GLOO_SOCKET_IFNAME"), std::string::npos);
+  }
+  probes.interfaces["172.17.0.1"] = "lo";
+  EXPECT_EQ(check_interface(inputs, probes).status, CheckStatus::kWarn);
+}
+
+TEST_F(DoctorTest, InterfaceThatNcclSocketIfnameExcludesWarns) {
+  inputs.master_addr = "10.0.0.1";
+  inputs.env["NCCL_SOCKET_IFNAME"] = "ib";
+  CheckResult result = check_interface(inputs, probes);
+  EXPECT_EQ(result.status, CheckStatus::kWarn);
+  EXPECT_NE(result.finding.find("NCCL_SOCKET_IFNAME=ib excludes it"), std::string::npos);
+  inputs.env["NCCL_SOCKET_IFNAME"] = "^docker,lo";
+  EXPECT_EQ(check_interface(inputs, probes).status, CheckStatus::kOk);
+  inputs.env["NCCL_SOCKET_IFNAME"] = "=eth0";
+  EXPECT_EQ(check_interface(inputs, probes).status, CheckStatus::kOk);
+  inputs.env["GLOO_SOCKET_IFNAME"] = "eth1";
+  EXPECT_EQ(check_interface(inputs, probes).status, CheckStatus::kWarn);
+}
+
+TEST_F(DoctorTest, InterfaceWithoutARouteOrAnAddressFails) {
+  inputs.master_addr = "10.9.9.9";
+  EXPECT_EQ(check_interface(inputs, probes).status, CheckStatus::kFail);
+  inputs.master_addr = "no-such-host";
+  CheckResult result = check_interface(inputs, probes);
+  EXPECT_EQ(result.status, CheckStatus::kFail);
+  EXPECT_NE(result.finding.find("cannot resolve"), std::string::npos);
+}
+
+TEST_F(DoctorTest, InterfaceFollowsTheRendezvousHostFirst) {
+  inputs.master_addr = "127.0.0.1";
+  inputs.rdzv_endpoint = "10.0.0.1:29400";
+  CheckResult result = check_interface(inputs, probes);
+  EXPECT_EQ(result.finding,
+            "the route to the rendezvous host 10.0.0.1 leaves through eth0 (10.0.0.2)");
+  inputs.rdzv_endpoint = "unix:/run/rendezvousd.sock";
+  inputs.master_addr.clear();
+  EXPECT_EQ(check_interface(inputs, probes).status, CheckStatus::kOk);
+}
+
+// --- 3. Ports ---
+
+TEST_F(DoctorTest, MasterPortIsCheckedOnlyWhenGiven) {
+  EXPECT_TRUE(check_master_port(inputs, probes).empty());
+  inputs.master_addr = "10.0.0.1";
+  CheckResult result = only(check_master_port(inputs, probes));
+  EXPECT_EQ(result.status, CheckStatus::kOk);
+  EXPECT_NE(result.finding.find("reserves a free one"), std::string::npos);
+}
+
+TEST_F(DoctorTest, MasterPortThatIsNotANumberFails) {
+  inputs.master_port = "http";
+  EXPECT_EQ(only(check_master_port(inputs, probes)).status, CheckStatus::kFail);
+}
+
+TEST_F(DoctorTest, LocalMasterPortThatIsFreeIsOk) {
+  inputs.master_port = "29500";  // No address: mcprun's default, loopback.
+  CheckResult result = only(check_master_port(inputs, probes));
+  EXPECT_EQ(result.status, CheckStatus::kOk);
+  EXPECT_NE(result.finding.find("free on this node"), std::string::npos);
+  EXPECT_TRUE(probes.connected.empty()) << "a local port is bound, not connected to";
+}
+
+TEST_F(DoctorTest, LocalMasterPortThatSomethingListensOnFailsNamingIt) {
+  inputs.master_addr = "10.0.0.2";  // This node's own address.
+  inputs.master_port = "29500";
+  probes.bind_errno = EADDRINUSE;
+  probes.listener = "pid 412 (python3)";
+  CheckResult result = only(check_master_port(inputs, probes));
+  EXPECT_EQ(result.status, CheckStatus::kFail);
+  EXPECT_NE(result.finding.find("pid 412 (python3) listens on it"), std::string::npos)
+      << result.finding;
+  probes.listener = "";
+  EXPECT_NE(only(check_master_port(inputs, probes)).finding.find("owner is hidden"),
+            std::string::npos);
+}
+
+TEST_F(DoctorTest, LocalMasterPortThatIsBoundButNotListenedOnWarns) {
+  inputs.master_port = "29500";
+  probes.bind_errno = EADDRINUSE;
+  CheckResult result = only(check_master_port(inputs, probes));
+  EXPECT_EQ(result.status, CheckStatus::kWarn);
+  EXPECT_NE(result.finding.find("TIME_WAIT"), std::string::npos);
+}
+
+TEST_F(DoctorTest, RemoteMasterPortByConnectOutcome) {
+  inputs.master_addr = "10.0.0.1";
+  inputs.master_port = "29500";
+  probes.connect_result = {Outcome::kRefused, ""};
+  CheckResult refused = only(check_master_port(inputs, probes));
+  EXPECT_EQ(refused.status, CheckStatus::kOk);
+  EXPECT_NE(refused.finding.find("nothing listens on 29500 yet"), std::string::npos);
+  EXPECT_EQ(probes.connected, std::vector<std::string>{"10.0.0.1:29500"});
+  probes.connect_result = {Outcome::kConnected, ""};
+  CheckResult connected = only(check_master_port(inputs, probes));
+  EXPECT_EQ(connected.status, CheckStatus::kOk);
+  EXPECT_NE(connected.finding.find("already listens"), std::string::npos);
+  probes.connect_result = {Outcome::kTimedOut, ""};
+  CheckResult dropped = only(check_master_port(inputs, probes));
+  EXPECT_EQ(dropped.status, CheckStatus::kWarn);
+  EXPECT_NE(dropped.finding.find("packets dropped (a firewall?)"), std::string::npos);
+  probes.connect_result = {Outcome::kUnreachable, "No route to host"};
+  EXPECT_EQ(only(check_master_port(inputs, probes)).status, CheckStatus::kFail);
+}
+
+TEST_F(DoctorTest, RendezvousEndpointByConnectOutcome) {
+  EXPECT_TRUE(check_rdzv_endpoint(inputs, probes).empty());
+  inputs.rdzv_endpoint = "10.0.0.1:29400";
+  probes.connect_result = {Outcome::kConnected, ""};
+  EXPECT_EQ(only(check_rdzv_endpoint(inputs, probes)).status, CheckStatus::kOk);
+  probes.connect_result = {Outcome::kRefused, ""};
+  CheckResult refused = only(check_rdzv_endpoint(inputs, probes));
+  EXPECT_EQ(refused.status, CheckStatus::kFail);
+  EXPECT_NE(refused.remedy.find("rendezvousd --listen 0.0.0.0:29400"), std::string::npos);
+  probes.connect_result = {Outcome::kTimedOut, ""};
+  CheckResult dropped = only(check_rdzv_endpoint(inputs, probes));
+  EXPECT_EQ(dropped.status, CheckStatus::kFail);
+  EXPECT_NE(dropped.finding.find("a firewall?"), std::string::npos);
+}
+
+TEST_F(DoctorTest, RendezvousEndpointOnThisNodeMayBeHostedByMcprun) {
+  inputs.rdzv_endpoint = "node-a:29400";  // Resolves to this node's 10.0.0.2.
+  probes.connect_result = {Outcome::kRefused, ""};
+  CheckResult result = only(check_rdzv_endpoint(inputs, probes));
+  EXPECT_EQ(result.status, CheckStatus::kOk);
+  EXPECT_NE(result.finding.find("host the rendezvous itself"), std::string::npos);
+  inputs.rdzv_endpoint = "unix:/nonexistent/rdzv.sock";
+  EXPECT_EQ(only(check_rdzv_endpoint(inputs, probes)).status, CheckStatus::kFail);
+}
+
+// --- 4. The environment ---
+
+TEST_F(DoctorTest, EnvironmentThatIsCleanIsOneOk) {
+  inputs.env = {{"HOME", "/root"}, {"PATH", "/usr/bin"}};
+  CheckResult result = only(check_environment(inputs, probes));
+  EXPECT_EQ(result.status, CheckStatus::kOk);
+}
+
+TEST_F(DoctorTest, EnvironmentNamesEachLauncherVariableAndItsValue) {
+  inputs.env = {{"RANK", "3"},
+                {"WORLD_SIZE", "8"},
+                {"MASTER_ADDR", "10.1.1.1"},
+                {"TORCHELASTIC_RUN_ID", "old"},
+                {"HOME", "/root"}};
+  auto results = check_environment(inputs, probes);
+  ASSERT_EQ(results.size(), 4u);
+  for (const auto& result : results) EXPECT_EQ(result.status, CheckStatus::kWarn) << result.finding;
+  EXPECT_NE(mentioning(results, "RANK=3").finding.find("mcprun replaces it"), std::string::npos);
+  EXPECT_NE(mentioning(results, "MASTER_ADDR=10.1.1.1").remedy.find("--master-addr"),
+            std::string::npos);
+  mentioning(results, "TORCHELASTIC_RUN_ID=old");
+}
+
+TEST_F(DoctorTest, EnvironmentCudaVisibleDevicesNeedsPciOrder) {
+  inputs.env = {{"CUDA_VISIBLE_DEVICES", "1,0"}};
+  CheckResult result = only(check_environment(inputs, probes));
+  EXPECT_EQ(result.status, CheckStatus::kWarn);
+  EXPECT_NE(result.finding.find("fastest-first"), std::string::npos);
+  inputs.env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID";
+  EXPECT_EQ(only(check_environment(inputs, probes)).status, CheckStatus::kOk);
+  inputs.env = {{"CUDA_VISIBLE_DEVICES", "GPU-8e3b2c11-0000"}};  // UUIDs do not depend on order.
+  EXPECT_EQ(only(check_environment(inputs, probes)).status, CheckStatus::kOk);
+  inputs.env = {{"CUDA_VISIBLE_DEVICES", ""}};
+  EXPECT_EQ(only(check_environment(inputs, probes)).status, CheckStatus::kWarn);
+}
+
+TEST_F(DoctorTest, EnvironmentExplainsNcclVariables) {
+  inputs.env = {{"NCCL_P2P_DISABLE", "1"},
+                {"NCCL_SHM_DISABLE", "1"},
+                {"NCCL_DEBUG", "INFO"},
+                {"NCCL_NET_GDR_LEVEL", "PHB"},
+                {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "0"}};
+  auto results = check_environment(inputs, probes);
+  ASSERT_EQ(results.size(), 5u);
+  CheckResult p2p = mentioning(results, "NCCL_P2P_DISABLE");
+  EXPECT_EQ(p2p.status, CheckStatus::kWarn);
+  EXPECT_EQ(p2p.finding,
+            "NCCL_P2P_DISABLE=1: GPU peer-to-peer off; all-reduce goes through host memory, "
+            "several times slower");
+  EXPECT_FALSE(p2p.remedy.empty());
+  EXPECT_EQ(mentioning(results, "NCCL_SHM_DISABLE").status, CheckStatus::kWarn);
+  CheckResult debug = mentioning(results, "NCCL_DEBUG");
+  EXPECT_EQ(debug.status, CheckStatus::kOk);
+  EXPECT_TRUE(debug.remedy.empty());
+  EXPECT_EQ(mentioning(results, "NCCL_NET_GDR_LEVEL").status, CheckStatus::kOk);
+  EXPECT_EQ(mentioning(results, "TORCH_NCCL_ASYNC_ERROR_HANDLING").status, CheckStatus::kWarn);
+}
+
+TEST_F(DoctorTest, EnvironmentIgnoresVariablesThatChangeNothing) {
+  inputs.env = {{"NCCL_P2P_DISABLE", "0"}, {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"}};
+  EXPECT_EQ(only(check_environment(inputs, probes)).status, CheckStatus::kOk);
+}
+
+TEST_F(DoctorTest, EnvironmentIbDisableMattersOnlyWithAnAdapter) {
+  inputs.env = {{"NCCL_IB_DISABLE", "1"}};
+  CheckResult without = only(check_environment(inputs, probes));
+  EXPECT_EQ(without.status, CheckStatus::kOk);
+  EXPECT_NE(without.finding.find("no InfiniBand adapter"), std::string::npos);
+  std::filesystem::create_directories(sysfs.root() / "class/infiniband/mlx5_0");
+  EXPECT_EQ(only(check_environment(inputs, probes)).status, CheckStatus::kWarn);
+}
+
+TEST_F(DoctorTest, EnvironmentSocketInterfacesMustExist) {
+  inputs.env = {{"NCCL_SOCKET_IFNAME", "ens"}, {"GLOO_SOCKET_IFNAME", "ens5"}};
+  auto results = check_environment(inputs, probes);
+  ASSERT_EQ(results.size(), 2u);
+  for (const auto& result : results) EXPECT_EQ(result.status, CheckStatus::kWarn) << result.finding;
+  inputs.env = {{"NCCL_SOCKET_IFNAME", "eth"}, {"GLOO_SOCKET_IFNAME", "eth0"}};
+  results = check_environment(inputs, probes);
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_EQ(mentioning(results, "NCCL_SOCKET_IFNAME").finding,
+            "NCCL_SOCKET_IFNAME=eth: NCCL's sockets use only eth0");
+  EXPECT_EQ(mentioning(results, "GLOO_SOCKET_IFNAME").status, CheckStatus::kOk);
+  inputs.env = {{"NCCL_SOCKET_IFNAME", "^docker,lo"}};
+  EXPECT_EQ(only(check_environment(inputs, probes)).status, CheckStatus::kOk);
+}
+
+// --- 5. GPUs ---
+
+TEST_F(DoctorTest, GpusNoneIsOk) {
+  CheckResult result = only(check_gpus(inputs));
+  EXPECT_EQ(result.status, CheckStatus::kOk);
+  EXPECT_EQ(result.finding, "no NVIDIA GPU found; workers run on CPU");
+}
+
+TEST_F(DoctorTest, GpusAtFullLinkAreOneOk) {
+  for (const char* bus : {"0000:1a:00.0", "0000:3b:00.0"})
+    sysfs.add({.bus_id = bus,
+               .numa_node = 0,
+               .link_width = 16,
+               .max_link_width = 16,
+               .link_speed = "16.0 GT/s PCIe",
+               .max_link_speed = "16.0 GT/s PCIe"});
+  CheckResult result = only(check_gpus(inputs));
+  EXPECT_EQ(result.status, CheckStatus::kOk);
+  EXPECT_EQ(result.finding, "2 GPUs: 0000:1a:00.0 (NUMA 0), 0000:3b:00.0 (NUMA 0)");
+}
+
+TEST_F(DoctorTest, GpusInAnX8SlotWarn) {
+  sysfs.add({.bus_id = "0000:1a:00.0",
+             .numa_node = 0,
+             .link_width = 16,
+             .max_link_width = 16,
+             .link_speed = "16.0 GT/s PCIe",
+             .max_link_speed = "16.0 GT/s PCIe"});
+  sysfs.add({.bus_id = "0000:41:00.0",
+             .numa_node = 0,
+             .link_width = 8,
+             .max_link_width = 16,
+             .link_speed = "16.0 GT/s PCIe",
+             .max_link_speed = "16.0 GT/s PCIe"});
+  auto results = check_gpus(inputs);
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_EQ(results[1].status, CheckStatus::kWarn);
+  EXPECT_EQ(results[1].finding, "GPU 0000:41:00.0 runs at x8 of x16");
+  EXPECT_NE(results[1].remedy.find("slot"), std::string::npos);
+}
+
+TEST_F(DoctorTest, GpusBelowTheirLinkSpeedWarn) {
+  sysfs.add({.bus_id = "0000:1a:00.0",
+             .numa_node = 0,
+             .link_width = 16,
+             .max_link_width = 16,
+             .link_speed = "2.5 GT/s PCIe",
+             .max_link_speed = "32.0 GT/s PCIe"});
+  auto results = check_gpus(inputs);
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_EQ(results[1].finding, "GPU 0000:1a:00.0 runs at 2.5 GT/s of 32.0 GT/s");
+  EXPECT_NE(results[1].remedy.find("under load"), std::string::npos);
+}
+
+TEST_F(DoctorTest, GpusWithUnknownLinkAreNotJudged) {
+  sysfs.add({.bus_id = "0000:1a:00.0",
+             .numa_node = 0,
+             .link_width = 0,
+             .max_link_width = 0,
+             .link_speed = "Unknown",
+             .max_link_speed = "Unknown"});
+  EXPECT_EQ(only(check_gpus(inputs)).status, CheckStatus::kOk);
+}
+
+TEST_F(DoctorTest, GpusWithoutNumaWarnAndAcrossNumaSuggestBinding) {
+  sysfs.add({.bus_id = "0000:1a:00.0",
+             .numa_node = std::nullopt,
+             .link_width = 16,
+             .link_speed = "16.0 GT/s PCIe"});
+  auto results = check_gpus(inputs);
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_EQ(results[1].status, CheckStatus::kWarn);
+  EXPECT_NE(results[1].finding.find("no NUMA affinity known for 0000:1a:00.0"), std::string::npos);
+
+  FakeSysfs two_sockets;
+  inputs.sysfs_root = two_sockets.root();
+  two_sockets.add(
+      {.bus_id = "0000:1a:00.0", .numa_node = 0, .link_width = 16, .link_speed = "16.0 GT/s PCIe"});
+  two_sockets.add(
+      {.bus_id = "0000:86:00.0", .numa_node = 1, .link_width = 16, .link_speed = "16.0 GT/s PCIe"});
+  CheckResult spans = only(check_gpus(inputs));
+  EXPECT_EQ(spans.status, CheckStatus::kOk);
+  EXPECT_NE(spans.finding.find("span NUMA nodes 0, 1: --bind numa"), std::string::npos)
+      << spans.finding;
+}
+
+// --- 6-7. memlock, hostname ---
+
+TEST_F(DoctorTest, MemlockUnlimitedIsOkElseWarns) {
+  EXPECT_EQ(check_memlock(inputs).status, CheckStatus::kOk);
+  inputs.memlock_bytes = 8ull << 20;
+  CheckResult result = check_memlock(inputs);
+  EXPECT_EQ(result.status, CheckStatus::kWarn);
+  EXPECT_NE(result.finding.find("8 MiB (ulimit -l 8192)"), std::string::npos) << result.finding;
+  EXPECT_NE(result.remedy.find("ulimit -l unlimited"), std::string::npos);
+  EXPECT_NE(result.remedy.find("LimitMEMLOCK=infinity"), std::string::npos);
+}
+
+TEST_F(DoctorTest, HostnameOnLoopbackWarns) {
+  EXPECT_EQ(check_hostname(inputs, probes).status, CheckStatus::kOk);
+  probes.hosts["node-a"] = {"127.0.1.1"};
+  CheckResult result = check_hostname(inputs, probes);
+  EXPECT_EQ(result.status, CheckStatus::kWarn);
+  EXPECT_NE(result.finding.find("resolves to 127.0.1.1 (loopback)"), std::string::npos);
+  EXPECT_NE(result.remedy.find("/etc/hosts"), std::string::npos);
+  probes.hosts.erase("node-a");
+  EXPECT_EQ(check_hostname(inputs, probes).status, CheckStatus::kWarn);
+  inputs.hostname.clear();
+  EXPECT_EQ(check_hostname(inputs, probes).status, CheckStatus::kWarn);
+}
+
+// --- 8. Clock ---
+
+TEST_F(DoctorTest, ClockIsMeasuredOnlyWithARendezvous) {
+  EXPECT_TRUE(check_clock(inputs, probes).empty());
+}
+
+TEST_F(DoctorTest, ClockSkewThresholds) {
+  inputs.rdzv_endpoint = "10.0.0.1:29400";
+  probes.clock = ClockReading{12ms, 2ms};
+  CheckResult fine = only(check_clock(inputs, probes));
+  EXPECT_EQ(fine.status, CheckStatus::kOk);
+  EXPECT_NE(fine.finding.find("12.0 ms behind the rendezvous's (+- 1.00 ms"), std::string::npos)
+      << fine.finding;
+  probes.clock = ClockReading{-2500ms, 2ms};
+  CheckResult off = only(check_clock(inputs, probes));
+  EXPECT_EQ(off.status, CheckStatus::kWarn);
+  EXPECT_NE(off.finding.find("2.500 s ahead of"), std::string::npos) << off.finding;
+  EXPECT_NE(off.remedy.find("chrony"), std::string::npos);
+  probes.clock = ClockReading{90s, 2ms};
+  EXPECT_EQ(only(check_clock(inputs, probes)).status, CheckStatus::kFail);
+  // 1.2 s +- 0.5 s may be 0.7 s: not surely above the 1 s threshold.
+  probes.clock = ClockReading{1200ms, 1000ms};
+  EXPECT_EQ(only(check_clock(inputs, probes)).status, CheckStatus::kOk);
+}
+
+TEST_F(DoctorTest, ClockThatCannotBeReadWarnsUnlessTheRendezvousIsHere) {
+  inputs.rdzv_endpoint = "10.0.0.1:29400";
+  probes.clock = std::string("nothing listens at 10.0.0.1:29400");
+  EXPECT_EQ(only(check_clock(inputs, probes)).status, CheckStatus::kWarn);
+  inputs.rdzv_endpoint = "127.0.0.1:29400";
+  EXPECT_EQ(only(check_clock(inputs, probes)).status, CheckStatus::kOk);
+}
+
+// --- The report ---
+
+TEST_F(DoctorTest, ReportPrintsOneLinePerCheckAndRemediesIndented) {
+  std::vector<CheckResult> results = {
+      {"shm", CheckStatus::kOk, "/dev/shm: 24 GiB free of 24 GiB", ""},
+      {"gpus", CheckStatus::kWarn, "GPU 0000:41:00.0 runs at x8 of x16", "move it"},
+      {"rdzv-endpoint", CheckStatus::kFail, "nothing listens", "start rendezvousd"}};
+  EXPECT_EQ(format_doctor_text(results, false),
+            "OK    shm: /dev/shm: 24 GiB free of 24 GiB\n"
+            "WARN  gpus: GPU 0000:41:00.0 runs at x8 of x16\n"
+            "      move it\n"
+            "FAIL  rdzv-endpoint: nothing listens\n"
+            "      start rendezvousd\n"
+            "mcprun doctor: 1 OK, 1 WARN, 1 FAIL\n");
+  EXPECT_NE(format_doctor_text(results, true).find("\x1b[31mFAIL\x1b[0m"), std::string::npos);
+  EXPECT_EQ(doctor_exit_code(results), 1);
+  results.pop_back();
+  EXPECT_EQ(doctor_exit_code(results), 0);
+
+  auto json = nlohmann::json::parse(format_doctor_json(results));
+  ASSERT_EQ(json["checks"].size(), 2u);
+  EXPECT_EQ(json["checks"][1]["check"], "gpus");
+  EXPECT_EQ(json["checks"][1]["status"], "WARN");
+  EXPECT_EQ(json["checks"][1]["remedy"], "move it");
+  EXPECT_EQ(json["summary"]["warn"], 1);
+  EXPECT_EQ(json["summary"]["exit_code"], 0);
+}
+
+TEST_F(DoctorTest, RunChecksCoversEveryCheckInOrder) {
+  inputs.master_addr = "10.0.0.1";
+  inputs.master_port = "29500";
+  inputs.rdzv_endpoint = "10.0.0.1:29400";
+  probes.connect_result = {Outcome::kConnected, ""};
+  std::vector<std::string> names;
+  for (const CheckResult& result : run_checks(inputs, probes))
+    if (names.empty() || names.back() != result.name) names.push_back(result.name);
+  EXPECT_EQ(names,
+            (std::vector<std::string>{"shm", "interface", "master-port", "rdzv-endpoint",
+                                      "environment", "gpus", "memlock", "hostname", "clock"}));
+}
+
+TEST(DoctorEndpoint, ParsesHostPortBracketsAndUnix) {
+  auto plain = std::get<PeerEndpoint>(parse_peer_endpoint("head:29400"));
+  EXPECT_EQ(plain.host, "head");
+  EXPECT_EQ(plain.port, 29400);
+  auto v6 = std::get<PeerEndpoint>(parse_peer_endpoint("[fd00::1]:29400"));
+  EXPECT_EQ(v6.host, "fd00::1");
+  EXPECT_EQ(v6.text(), "[fd00::1]:29400");
+  EXPECT_EQ(std::get<PeerEndpoint>(parse_peer_endpoint("unix:/run/r.sock")).unix_path,
+            "/run/r.sock");
+  for (const char* bad : {"head", ":29400", "head:0", "head:99999", "head:x", "unix:"})
+    EXPECT_TRUE(std::holds_alternative<std::string>(parse_peer_endpoint(bad))) << bad;
+}
+
+TEST(DoctorCommand, BadFlagsAreUsageErrors) {
+  EXPECT_EQ(run_doctor({"--master-port", "0"}), 2);
+  EXPECT_EQ(run_doctor({"--master-port", "many"}), 2);
+  EXPECT_EQ(run_doctor({"--rdzv-endpoint", "head"}), 2);
+  EXPECT_EQ(run_doctor({"--frobnicate"}), 2);
+}
+
+// --- The real probes, against real sockets on loopback ---
+
+/// A TCP socket listening on 127.0.0.1 and a free port.
+struct Listener {
+  UniqueFd fd{::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)};
+  int port = 0;
+  explicit Listener(bool listen = true) {
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t length = sizeof address;
+    EXPECT_EQ(::bind(fd.get(), reinterpret_cast<sockaddr*>(&address), length), 0);
+    if (listen) {
+      EXPECT_EQ(::listen(fd.get(), 4), 0);
+    }
+    ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&address), &length);
+    port = ntohs(address.sin_port);
+  }
+};
+
+TEST(SystemDoctorProbes, FindsWhoListensOnAPort) {
+  SystemDoctorProbes probes;
+  Listener listener;
+  EXPECT_EQ(probes.bind_error(listener.port), EADDRINUSE);
+  auto owner = probes.listener_on(listener.port);
+  ASSERT_TRUE(owner.has_value());
+  EXPECT_TRUE(owner->empty() || owner->starts_with("pid " + std::to_string(::getpid()) + " "))
+      << *owner;
+  EXPECT_EQ(probes.connect({"127.0.0.1", listener.port, ""}, kDoctorConnectTimeout).outcome,
+            Outcome::kConnected);
+}
+
+TEST(SystemDoctorProbes, TellsABoundPortFromAListenedOne) {
+  SystemDoctorProbes probes;
+  Listener bound(/*listen=*/false);
+  EXPECT_EQ(probes.bind_error(bound.port), EADDRINUSE);
+  EXPECT_EQ(probes.listener_on(bound.port), std::nullopt);
+  EXPECT_EQ(probes.connect({"127.0.0.1", bound.port, ""}, kDoctorConnectTimeout).outcome,
+            Outcome::kRefused);
+}
+
+TEST(SystemDoctorProbes, TimesOutWhereSynsAreDropped) {
+  SystemDoctorProbes probes;
+  Listener full(/*listen=*/false);
+  ASSERT_EQ(::listen(full.fd.get(), 0), 0);  // Once its accept queue is full, SYNs are dropped.
+  std::optional<Outcome> last;
+  for (int attempt = 0; attempt < 8 && last != Outcome::kTimedOut; ++attempt)
+    last = probes.connect({"127.0.0.1", full.port, ""}, 200ms).outcome;
+  EXPECT_EQ(last, Outcome::kTimedOut);
+}
+
+TEST(SystemDoctorProbes, RoutesLoopbackOverLo) {
+  SystemDoctorProbes probes;
+  EXPECT_EQ(probes.source_address("127.0.0.1"), "127.0.0.1");
+  EXPECT_EQ(probes.interface_of("127.0.0.1"), "lo");
+  auto localhost = probes.resolve("localhost");
+  ASSERT_TRUE(std::holds_alternative<std::vector<std::string>>(localhost));
+  EXPECT_FALSE(std::get<std::vector<std::string>>(localhost).empty());
+  EXPECT_TRUE(std::holds_alternative<std::string>(probes.resolve("no-such-host.invalid")));
+}
+
+TEST(SystemDoctorProbes, MeasuresAFilesystem) {
+  SystemDoctorProbes probes;
+  auto space = probes.filesystem_space(std::filesystem::temp_directory_path());
+  ASSERT_TRUE(std::holds_alternative<FilesystemSpace>(space));
+  EXPECT_GT(std::get<FilesystemSpace>(space).total_bytes, 0u);
+  EXPECT_TRUE(std::holds_alternative<std::string>(probes.filesystem_space("/nonexistent/shm")));
+}
+
+TEST(SystemDoctorProbes, ReadsTheRendezvousClockBeforeAnyJoin) {
+  boost::asio::io_context io;
+  ServerSettings settings;
+  settings.token = "secret";  // The clock needs no token.
+  RendezvousServer server(io, {boost::asio::ip::make_address("127.0.0.1"), 0}, settings);
+  const int port = server.local_endpoint().port();
+  std::thread loop([&] { io.run(); });
+  SystemDoctorProbes probes;
+  auto reading = probes.read_clock({"127.0.0.1", port, ""});
+  boost::asio::post(io, [&] { server.stop(); });
+  loop.join();
+  ASSERT_TRUE(std::holds_alternative<ClockReading>(reading)) << std::get<std::string>(reading);
+  const ClockReading& clock = std::get<ClockReading>(reading);
+  EXPECT_LT(std::chrono::abs(clock.skew), 1s) << "one host, one clock";
+  EXPECT_GE(clock.rtt.count(), 0);
+}
+
+TEST(SystemDoctorProbes, ReportsARefusedClock) {
+  SystemDoctorProbes probes;
+  Listener bound(/*listen=*/false);  // Holds a port nothing listens on.
+  auto reading = probes.read_clock({"127.0.0.1", bound.port, ""});
+  ASSERT_TRUE(std::holds_alternative<std::string>(reading));
+  EXPECT_NE(std::get<std::string>(reading).find("nothing listens"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace mcprun
