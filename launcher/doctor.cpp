@@ -1,5 +1,7 @@
 #include "launcher/doctor.hpp"
 
+#include "launcher/worker_env.hpp"
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <net/if.h>
@@ -245,17 +247,6 @@ bool triggered(Trigger trigger, const std::string& value) {
       return value == "0";
   }
   return false;
-}
-
-/// The variables mcprun sets for every worker: an inherited value is replaced (worker_env.cpp).
-bool owned_by_launcher(const std::string& name) {
-  static const char* const kOwned[] = {"RANK",        "LOCAL_RANK",       "GROUP_RANK",
-                                       "ROLE_RANK",   "ROLE_NAME",        "LOCAL_WORLD_SIZE",
-                                       "WORLD_SIZE",  "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE",
-                                       "MASTER_ADDR", "MASTER_PORT"};
-  for (const char* owned : kOwned)
-    if (name == owned) return true;
-  return name.starts_with("TORCHELASTIC_");
 }
 
 std::string join(const std::vector<std::string>& items, const std::string& separator) {

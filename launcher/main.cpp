@@ -222,7 +222,9 @@ int show_topology() {
 }
 
 int launch(const LaunchConfig& config, RunSummary& summary) {
-  const Environment inherited = current_environment();
+  // A job file's env: acts as if exported before mcprun: OMP_NUM_THREADS is honoured, RANK warned.
+  Environment inherited = current_environment();
+  for (const auto& [name, value] : config.env) inherited[name] = value;
   boost::asio::io_context io;
   std::vector<GpuDevice> gpus = discover_gpus();
   annotate_with_nvml(gpus);

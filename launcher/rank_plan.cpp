@@ -134,7 +134,6 @@ std::variant<RankPlan, UsageError> build_rank_plan(const LaunchConfig& config,
   }
   if (config.bind == LaunchConfig::CpuBind::kNuma && !plan.pinned)
     plan.warnings.push_back("--bind numa has no effect without pinned GPUs");
-  plan.extra_env.insert(config.env.begin(), config.env.end());
   if (config.nccl_debug)
     plan.extra_env.insert({{"NCCL_DEBUG", "INFO"},
                            {"NCCL_DEBUG_SUBSYS", "INIT,NET"},

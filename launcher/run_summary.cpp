@@ -206,10 +206,7 @@ const RankProgress* RunSummary::stall_progress(int rank) const {
 
 bool RunSummary::stalled(int rank) const {
   const RankProgress* progress = stall_progress(rank);
-  if (!progress) return false;
-  int furthest = RankProgress::kNotRunning;
-  for (const RankProgress& other : stall_ranks) furthest = std::max(furthest, other.level);
-  return progress->level < furthest;
+  return progress && progress->level < furthest_level(stall_ranks);
 }
 
 bool RunSummary::root_cause(size_t index) const {

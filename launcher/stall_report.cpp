@@ -66,12 +66,17 @@ RankProgress rank_progress_from_json(const nlohmann::json& json) {
           json.at("last_line"), json.at("last_line_age_s"), json.at("stack_file")};
 }
 
+int furthest_level(const std::vector<RankProgress>& ranks) {
+  int furthest = RankProgress::kNotRunning;
+  for (const RankProgress& rank : ranks) furthest = std::max(furthest, rank.level);
+  return furthest;
+}
+
 std::string format_stall_report(const StallNotice& notice, std::vector<RankProgress> ranks,
                                 int world_size) {
   std::sort(ranks.begin(), ranks.end(),
             [](const RankProgress& a, const RankProgress& b) { return a.rank < b.rank; });
-  int furthest = RankProgress::kNotRunning;
-  for (const RankProgress& rank : ranks) furthest = std::max(furthest, rank.level);
+  const int furthest = furthest_level(ranks);
   std::vector<int> arrived, missing;
   for (const RankProgress& rank : ranks) (rank.level < furthest ? missing : arrived).push_back(rank.rank);
   const int unreported = world_size - static_cast<int>(ranks.size());

@@ -44,6 +44,9 @@ struct RankProgress {
 nlohmann::json to_json(const RankProgress& progress);
 RankProgress rank_progress_from_json(const nlohmann::json& json);
 
+/// The level of the rank that got furthest; a rank below it is one the others waited for.
+int furthest_level(const std::vector<RankProgress>& ranks);
+
 /// The report: the stall, who arrived and who did not, per rank its state, last output and
 /// stack dump. Plain text that reads well in a CI log.
 std::string format_stall_report(const StallNotice& notice, std::vector<RankProgress> ranks,

@@ -15,6 +15,8 @@ bool is_per_worker(const std::string& name) {
          name == "TORCHELASTIC_ERROR_FILE";
 }
 
+}  // namespace
+
 bool owned_by_launcher(const std::string& name) {
   static const char* const kOwned[] = {
       "RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE",
@@ -23,8 +25,6 @@ bool owned_by_launcher(const std::string& name) {
     if (name == owned) return true;
   return name.rfind("TORCHELASTIC_", 0) == 0;
 }
-
-}  // namespace
 
 Environment current_environment() {
   Environment env;

@@ -15,6 +15,10 @@ using Environment = std::map<std::string, std::string>;
 /// The environment mcprun itself was started with.
 Environment current_environment();
 
+/// The variables mcprun sets for every worker (an inherited value is replaced): RANK, ...,
+/// MASTER_PORT and every TORCHELASTIC_*.
+bool owned_by_launcher(const std::string& name);
+
 /// Job-wide facts every worker of one attempt shares.
 struct JobIdentity {
   std::string master_addr;
