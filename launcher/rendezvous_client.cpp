@@ -139,7 +139,11 @@ std::variant<GrantedLease, std::string> RendezvousClient::lease(nlohmann::json r
   heartbeat_interval_ = std::chrono::milliseconds(
       reply->value("heartbeat_interval_ms", kDefaultHeartbeatInterval.count()));
   heartbeat();  // The lease lasts as long as this connection does.
-  return GrantedLease{reply->value("gpus", std::vector<std::string>{}), reply->value("port", 0)};
+  GrantedLease granted{reply->value("gpus", std::vector<std::string>{}), reply->value("port", 0)};
+  lease_ = request;
+  lease_["held_gpus"] = granted.gpus;
+  lease_["held_port"] = granted.port;
+  return granted;
 }
 
 void RendezvousClient::watch(PeerEvents events) {
@@ -234,7 +238,7 @@ void RendezvousClient::connection_lost() {
   if (reconnecting_ || closed_) return;
   boost::system::error_code ignored;
   socket_.close(ignored);
-  if (!assignment_) {
+  if (!assignment_ && lease_.is_null()) {
     closed_ = true;
     writes_.clear();
     if (on_message_) on_message_({{"type", "lost"}, {"node", "the rendezvous at " + endpoint_}});
@@ -265,16 +269,21 @@ void RendezvousClient::try_reconnect(std::chrono::milliseconds backoff) {
       if (on_message_) on_message_({{"type", "lost"}, {"node", "the rendezvous at " + endpoint_}});
       return;
     }
-    nlohmann::json rejoin = join_;
-    rejoin["type"] = "rejoin";
-    rejoin["assignment"] = {{"group_rank", assignment_->group_rank},
-                            {"group_world_size", assignment_->group_world_size},
-                            {"world_size", assignment_->world_size},
-                            {"rank_offset", assignment_->rank_offset},
-                            {"master_addr", assignment_->master_addr},
-                            {"master_port", assignment_->master_port}};
-    spdlog::info("reconnected to the rendezvous at {}; re-registering node rank {}", endpoint_,
-                 assignment_->group_rank);
+    nlohmann::json rejoin = lease_;  // A lease holder re-registers the GPUs and port it holds.
+    if (assignment_) {
+      rejoin = join_;
+      rejoin["type"] = "rejoin";
+      rejoin["assignment"] = {{"group_rank", assignment_->group_rank},
+                              {"group_world_size", assignment_->group_world_size},
+                              {"world_size", assignment_->world_size},
+                              {"rank_offset", assignment_->rank_offset},
+                              {"master_addr", assignment_->master_addr},
+                              {"master_port", assignment_->master_port}};
+      spdlog::info("reconnected to the rendezvous at {}; re-registering node rank {}", endpoint_,
+                   assignment_->group_rank);
+    } else {
+      spdlog::info("reconnected to rendezvousd at {}; re-registering this job's GPU lease", endpoint_);
+    }
     reconnecting_ = false;
     writes_.push_front(encode_frame(rejoin));
     write_next();

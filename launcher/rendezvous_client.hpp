@@ -106,6 +106,7 @@ class RendezvousClient {
   std::deque<std::string> writes_;
   nlohmann::json join_;                   ///< As sent; a rejoin repeats it with the assignment.
   std::optional<Assignment> assignment_;  ///< Set once the round completed.
+  nlohmann::json lease_;                  ///< A granted lease, re-registered after a reconnect.
   bool reconnecting_ = false;
   Clock::time_point reconnect_deadline_;
   boost::asio::steady_timer reconnect_timer_;

@@ -28,6 +28,16 @@ std::optional<Lease> LeaseBook::grant(uint64_t id, int gpu_count, std::string ho
   return leases_[id] = lease;
 }
 
+bool LeaseBook::restore(uint64_t id, Lease lease) {
+  for (const auto& [other, held] : leases_) {
+    if (held.port == lease.port) return false;
+    for (const std::string& gpu : lease.gpus)
+      if (std::find(held.gpus.begin(), held.gpus.end(), gpu) != held.gpus.end()) return false;
+  }
+  leases_[id] = std::move(lease);
+  return true;
+}
+
 void LeaseBook::release(uint64_t id) { leases_.erase(id); }
 
 size_t LeaseBook::leased_gpus() const {

@@ -27,6 +27,8 @@ class LeaseBook {
   /// lease `id`; nullopt when not enough are free. `port_free` says whether the OS agrees.
   std::optional<Lease> grant(uint64_t id, int gpu_count, std::string holder,
                              const std::function<bool(int)>& port_free);
+  /// Re-grants exactly what a running job held before a daemon restart; false if any is taken.
+  bool restore(uint64_t id, Lease lease);
   void release(uint64_t id);
   /// "4 GPU(s) wanted, 2 free; held: alice (uid 1000), job x: 0000:01:00.0,0000:02:00.0; ..."
   std::string shortage(int gpu_count) const;

@@ -354,8 +354,19 @@ void RendezvousServer::handle_lease(const std::shared_ptr<AgentSession>& session
   const int gpu_count = message.value("gpus", 0);
   const double wait_s = message.value("wait_s", 0.0);
   if (gpu_count < 0) return session->refuse("malformed lease: gpus must be >= 0");
-  WaitingLease request{session, gpu_count,
-                       user_name(*session->uid) + ", job " + message.value("job", std::string("?")), nullptr};
+  const std::string holder = user_name(*session->uid) + ", job " + message.value("job", std::string("?"));
+  if (message.contains("held_port")) {
+    // A running job re-registers what it held before this daemon restarted.
+    Lease held{message.value("held_gpus", std::vector<std::string>{}), message.value("held_port", 0), holder};
+    const uint64_t id = next_lease_id_++;
+    if (!leases_.restore(id, held))
+      return session->refuse("the GPUs or port this job held are leased to another job now");
+    session->lease_id = id;
+    spdlog::info("restored the lease of {} GPU(s) and port {} to {}", held.gpus.size(), held.port, holder);
+    return session->send({{"type", "lease"}, {"gpus", held.gpus}, {"port", held.port},
+                          {"heartbeat_interval_ms", std::max<long>(50, settings_.lease.count() / 3)}});
+  }
+  WaitingLease request{session, gpu_count, holder, nullptr};
   if (wait_s > 0) {
     request.deadline = std::make_unique<asio::steady_timer>(
         io_, std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::duration<double>(wait_s)));

@@ -460,6 +460,15 @@ class GpuLeases(RendezvousTestCase):
         self.go("d")
         self.assertEqual(waiting.wait(timeout=30), 0)
 
+        self.daemon.kill()  # A restarted daemon learns the running job's lease back from it.
+        self.daemon.wait()
+        self.start_daemon(self.endpoint, "--unix-socket", self.socket, env=self.env)
+        self.assertTrue(wait_for(lambda: "restored the lease of 4 GPU(s)" in self.read_log(), 20),
+                        self.read_log())
+        code, _, err = self.run_mcprun("-n", "8", "--rdzv-id", "f", "--no-python", "/bin/true", timeout=30)
+        self.assertEqual(code, 75, err)
+        self.assertIn("8 GPU(s) wanted, 4 of 8 free; held by root (uid 0), job b (", err)
+
         os.killpg(b.pid, signal.SIGKILL)  # Its agent dies: the lease must not leak.
         b.wait()
         late = self.job("e", 4)
