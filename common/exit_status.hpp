@@ -1,6 +1,9 @@
 // The exit codes mcprun documents; scripts and CI branch on these, so they never change meaning.
 #pragma once
 
+#include <cstdio>
+#include <string>
+
 namespace mcprun {
 
 /// Process exit codes. A failing worker's own code (1..125) is passed through unchanged.
@@ -13,6 +16,12 @@ enum ExitStatus : int {
   kExitJobTimeout = 124, ///< --timeout passed before the job ended (as timeout(1) reports it).
   kExitSignalBase = 128  ///< 128 + N: a worker died of signal N, or mcprun was interrupted by N.
 };
+
+/// Bad input: one line "mcprun: error: ..." on stderr; returns kExitUsage.
+inline int usage_error(const std::string& message) {
+  std::fprintf(stderr, "mcprun: error: %s\n", message.c_str());
+  return kExitUsage;
+}
 
 /// 128 + signal, as shells report a signal death.
 constexpr int exit_code_for_signal(int signal_number) { return kExitSignalBase + signal_number; }

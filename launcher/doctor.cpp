@@ -1159,10 +1159,6 @@ int run_doctor(const std::vector<std::string>& args) {
   app.add_option("--shm", shm, "The shared-memory filesystem NCCL uses")->capture_default_str();
   // CLI11 wants argv back to front.
   std::vector<std::string> reversed(args.rbegin(), args.rend());
-  auto usage_error = [](const std::string& message) {
-    std::fprintf(stderr, "mcprun: error: %s\n", message.c_str());
-    return kExitUsage;
-  };
   try {
     app.parse(reversed);
   } catch (const CLI::CallForHelp&) {

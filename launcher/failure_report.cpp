@@ -11,7 +11,14 @@
 namespace mcprun {
 namespace {
 
-std::string format_time(std::chrono::system_clock::time_point time) {
+void indent_lines(std::ostringstream& out, const std::string& text, const char* indent) {
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) out << indent << line << "\n";
+}
+
+}  // namespace
+
+std::string utc_timestamp(std::chrono::system_clock::time_point time) {
   std::time_t seconds = std::chrono::system_clock::to_time_t(time);
   std::tm utc{};
   gmtime_r(&seconds, &utc);
@@ -19,13 +26,6 @@ std::string format_time(std::chrono::system_clock::time_point time) {
   std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &utc);
   return text;
 }
-
-void indent_lines(std::ostringstream& out, const std::string& text, const char* indent) {
-  std::istringstream lines(text);
-  for (std::string line; std::getline(lines, line);) out << indent << line << "\n";
-}
-
-}  // namespace
 
 std::optional<RecordedError> read_error_file(const std::filesystem::path& path) {
   std::ifstream in(path);
@@ -69,7 +69,7 @@ std::string format_failure_report(const std::vector<WorkerOutcome>& workers, siz
       << "  host:       " << host << "\n"
       << "  pid:        " << root.pid << "\n"
       << "  exit:       " << describe_exit(root.exit_code, root.signal) << "\n"
-      << "  time:       " << format_time(root.exit_time) << "\n";
+      << "  time:       " << utc_timestamp(root.exit_time) << "\n";
   if (auto recorded = read_error_file(root.error_file)) {
     out << "  error file: " << root.error_file.string() << "\n"
         << "  message:    " << recorded->message << "\n";
@@ -99,7 +99,7 @@ std::string format_failure_report(const std::vector<WorkerOutcome>& workers, siz
     for (const WorkerOutcome* worker : also_failed)
       out << "  rank " << worker->rank << " (local rank " << worker->local_rank << ", pid "
           << worker->pid << "): " << describe_exit(worker->exit_code, worker->signal) << " at "
-          << format_time(worker->exit_time) << "\n";
+          << utc_timestamp(worker->exit_time) << "\n";
   }
   if (!stopped.empty()) out << "Stopped by mcprun: rank(s) " << stopped << "\n";
   out << rule << "\n";

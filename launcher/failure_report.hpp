@@ -34,6 +34,9 @@ struct RecordedError {
 /// Reads a TORCHELASTIC_ERROR_FILE; nullopt when absent or not the JSON torch writes.
 std::optional<RecordedError> read_error_file(const std::filesystem::path& path);
 
+/// "2026-12-02T18:44:46Z".
+std::string utc_timestamp(std::chrono::system_clock::time_point time);
+
 /// "exit code 7" or "SIGKILL (signal 9)".
 std::string describe_exit(int exit_code, int signal);
 

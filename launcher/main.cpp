@@ -30,11 +30,6 @@
 namespace mcprun {
 namespace {
 
-int usage_error(const std::string& message) {
-  std::fprintf(stderr, "mcprun: error: %s\n", message.c_str());
-  return kExitUsage;
-}
-
 std::string host_name() {
   char name[256] = {};
   return ::gethostname(name, sizeof name - 1) == 0 ? name : "localhost";

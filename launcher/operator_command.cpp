@@ -133,16 +133,14 @@ int run_operator_command(const std::vector<std::string>& args) {
     std::cout << app.help();
     return kExitSuccess;
   } catch (const CLI::ParseError& error) {
-    std::fprintf(stderr, "mcprun: error: %s\n", error.what());
-    return kExitUsage;
+    return usage_error(error.what());
   }
   nlohmann::json request{{"type", command}};
   if (!job.empty()) request["job"] = job;
   if (!token_file.empty()) {
     auto token = read_token_file(token_file);
     if (!token) {
-      std::fprintf(stderr, "mcprun: error: --rdzv-token-file %s: cannot read a token\n", token_file.c_str());
-      return kExitUsage;
+      return usage_error("--rdzv-token-file " + token_file + ": cannot read a token");
     }
     request["token"] = *token;
   }

@@ -42,15 +42,6 @@ double round_ms(double seconds) {
   return static_cast<double>(static_cast<long>(seconds * 1000 + 0.5)) / 1000;
 }
 
-std::string utc_timestamp(std::chrono::system_clock::time_point time) {
-  std::time_t seconds = std::chrono::system_clock::to_time_t(time);
-  std::tm utc{};
-  gmtime_r(&seconds, &utc);
-  char text[32];
-  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &utc);
-  return text;
-}
-
 std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
 
 /// Replaces `path` in one step, so that CI never reads half a file.

@@ -29,11 +29,6 @@ constexpr const char* kStoreDescription =
     "it serves until SIGINT or SIGTERM. Exit status: 0 after such a signal, 1 when it cannot\n"
     "listen (e.g. the port is in use), 2 for bad flags.";
 
-int usage_error(const std::string& message) {
-  std::fprintf(stderr, "mcprun: error: %s\n", message.c_str());
-  return kExitUsage;
-}
-
 }  // namespace
 
 int run_store_command(const std::vector<std::string>& args) {
