@@ -190,7 +190,8 @@ ParseResult parse_arguments(const std::vector<std::string>& args, JobFile& job) 
       ->check(CLI::NonNegativeNumber);
   add("init-timeout", config.stall.init_timeout,
                  "Seconds for every rank to pass init_process_group's barrier, from the start of "
-                 "each attempt; a rank missing then is a stall (exit 3). 0: off")
+                 "each attempt (or from the first rank's arrival at the store, if none came by "
+                 "then); a rank missing then is a stall (exit 3). 0: off")
       ->check(CLI::NonNegativeNumber);
   add("heartbeat-timeout", config.stall.heartbeat_timeout,
                  "Seconds without mcprun.heartbeat() from a rank that has called it before; "

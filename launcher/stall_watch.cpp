@@ -61,16 +61,20 @@ void StallWatch::begin_attempt(int restart_count, int world_size, int master_por
   attempt_start_ = Clock::now();
   if (store_ && settings_.init_timeout > 0) {
     init_.emplace(restart_count, world_size);
-    init_deadline_.expires_after(seconds(settings_.init_timeout));
-    init_deadline_.async_wait([this](boost::system::error_code ec) {
-      if (!ec) on_init_deadline();
-    });
+    arm_init_deadline();
   }
   arm_activity_deadline();
 }
 
+void StallWatch::arm_init_deadline() {
+  init_deadline_.expires_after(seconds(settings_.init_timeout));
+  init_deadline_.async_wait([this](boost::system::error_code ec) {
+    if (!ec) on_init_deadline();
+  });
+}
+
 void StallWatch::end_attempt() {
-  armed_ = stalled_ = false;
+  armed_ = stalled_ = init_timed_from_first_arrival_ = false;
   init_.reset();
   init_deadline_.cancel();
   activity_deadline_.cancel();
@@ -91,6 +95,12 @@ void StallWatch::declare(StallNotice notice) {
 void StallWatch::on_store_event(const StoreEvent& event) {
   if (!init_ || init_->passed()) return;
   init_->observe(event);
+  if (init_timed_from_first_arrival_ && init_->any_connected()) {
+    init_timed_from_first_arrival_ = false;
+    spdlog::info("a rank reached the job store; the world has --init-timeout {} from now to pass "
+                 "the init barrier", format_seconds(settings_.init_timeout));
+    arm_init_deadline();
+  }
   if (init_->passed()) {
     init_deadline_.cancel();
     spdlog::debug("all {} ranks passed the init barrier after {:.2f} s", world_size_,
@@ -101,10 +111,12 @@ void StallWatch::on_store_event(const StoreEvent& event) {
 void StallWatch::on_init_deadline() {
   if (!init_ || init_->passed()) return;
   if (!init_->any_connected()) {
-    // No rank reached the store: the script does not use env:// init (or not yet); that is no
-    // evidence of a stall, so this attempt goes on unwatched by the init barrier.
-    spdlog::info("no rank connected to the job store within --init-timeout {}; not watching "
-                 "the init barrier for this attempt", format_seconds(settings_.init_timeout));
+    // No rank reached the store: the script does not use env:// init, or is still importing on
+    // a slow node. Neither is evidence of a stall, so the deadline starts again at the first
+    // rank's arrival, if one ever comes.
+    spdlog::info("no rank connected to the job store within --init-timeout {}; timing the init "
+                 "barrier from the first rank's arrival", format_seconds(settings_.init_timeout));
+    init_timed_from_first_arrival_ = true;
     return;
   }
   StallNotice notice;

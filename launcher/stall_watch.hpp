@@ -79,6 +79,7 @@ class StallWatch {
     double timeout_s = 0;
   };
   void on_store_event(const StoreEvent& event);
+  void arm_init_deadline();
   void on_init_deadline();
   void on_heartbeat(int rank);
   void on_barrier(int rank, const std::string& name, double timeout_s);
@@ -102,6 +103,8 @@ class StallWatch {
   int master_port_ = 0;
   StallHooks hooks_;
   std::optional<InitBarrierWatch> init_;
+  /// No rank had reached the store by the first deadline: the next one counts from the first.
+  bool init_timed_from_first_arrival_ = false;
   boost::asio::steady_timer init_deadline_;
   boost::asio::steady_timer activity_deadline_;
   std::chrono::steady_clock::time_point attempt_start_;

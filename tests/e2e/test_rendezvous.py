@@ -66,9 +66,21 @@ class RendezvousTestCase(LauncherTestCase):
         return self.start(*command, env=env)
 
     def finish(self, agents, timeout=60):
+        """Waits for every agent; one still running after `timeout` fails the test with all logs."""
         results = []
-        for proc in agents:
-            out, err = proc.communicate(timeout=timeout)
+        deadline = time.monotonic() + timeout
+        for index, proc in enumerate(agents):
+            try:
+                out, err = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                logs = [f"--- agent {i} (exit {code}):\n{err}" for i, (code, _, err) in enumerate(results)]
+                for i, rest in enumerate(agents[index:], start=index):
+                    state = "hung, killed" if rest.poll() is None else f"exit {rest.returncode}"
+                    if rest.poll() is None:
+                        os.killpg(rest.pid, signal.SIGKILL)
+                    logs.append(f"--- agent {i} ({state}):\n" + rest.communicate()[1])
+                self.fail(f"an agent was still running after {timeout} s\n" + "\n".join(logs) +
+                          "\n--- rendezvousd:\n" + self.read_log())
             results.append((proc.returncode, out, err))
         return results
 
