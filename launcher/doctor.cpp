@@ -27,6 +27,7 @@
 #include <sstream>
 
 #include "common/exit_status.hpp"
+#include "launcher/subcommand.hpp"
 #include "common/protocol.hpp"
 #include "common/topology.hpp"
 #include "common/unique_fd.hpp"
@@ -1157,16 +1158,7 @@ int run_doctor(const std::vector<std::string>& args) {
   app.add_option("--rdzv-endpoint", rdzv_endpoint,
                  "HOST:PORT or unix:PATH of the rendezvous: reachability and clock skew");
   app.add_option("--shm", shm, "The shared-memory filesystem NCCL uses")->capture_default_str();
-  // CLI11 wants argv back to front.
-  std::vector<std::string> reversed(args.rbegin(), args.rend());
-  try {
-    app.parse(reversed);
-  } catch (const CLI::CallForHelp&) {
-    std::fputs(app.help().c_str(), stdout);
-    return kExitSuccess;
-  } catch (const CLI::ParseError& error) {
-    return usage_error(std::string(error.what()) + " (see mcprun doctor --help)");
-  }
+  if (auto done = parse_subcommand(app, args)) return *done;
   if (!rdzv_endpoint.empty()) {
     auto parsed = parse_peer_endpoint(rdzv_endpoint);
     if (auto* error = std::get_if<std::string>(&parsed))

@@ -16,6 +16,7 @@
 
 #include "common/event_loop.hpp"
 #include "common/exit_status.hpp"
+#include "launcher/subcommand.hpp"
 #include "common/protocol.hpp"
 
 namespace mcprun {
@@ -127,14 +128,7 @@ int run_operator_command(const std::vector<std::string>& args) {
   app.add_option("--rdzv-token-file", token_file, "The daemon's token, needed over TCP");
   if (command != "jobs") app.add_option("id", job, "The job's --rdzv-id")->required();
   if (command != "stop") app.add_flag("--json", json, "Print the daemon's answer as JSON");
-  try {
-    app.parse(std::vector<std::string>(args.rbegin(), args.rend() - 1));
-  } catch (const CLI::CallForHelp&) {
-    std::cout << app.help();
-    return kExitSuccess;
-  } catch (const CLI::ParseError& error) {
-    return usage_error(error.what());
-  }
+  if (auto done = parse_subcommand(app, {args.begin() + 1, args.end()})) return *done;
   nlohmann::json request{{"type", command}};
   if (!job.empty()) request["job"] = job;
   if (!token_file.empty()) {

@@ -11,6 +11,7 @@
 
 #include "common/descriptor_limit.hpp"
 #include "common/exit_status.hpp"
+#include "launcher/subcommand.hpp"
 #include "common/logging.hpp"
 #include "launcher/tcp_store.hpp"
 
@@ -41,16 +42,7 @@ int run_store_command(const std::vector<std::string>& args) {
   app.add_option("--port", port, "Port to listen on; 0 picks a free one (the line says which)")
       ->check(CLI::Range(0, 65535));
   app.add_flag("-v,--verbose", verbose, "Log every connection and every store operation");
-  // CLI11 wants argv back to front.
-  std::vector<std::string> reversed(args.rbegin(), args.rend());
-  try {
-    app.parse(reversed);
-  } catch (const CLI::CallForHelp&) {
-    std::fputs(app.help().c_str(), stdout);
-    return kExitSuccess;
-  } catch (const CLI::ParseError& error) {
-    return usage_error(std::string(error.what()) + " (see mcprun store --help)");
-  }
+  if (auto done = parse_subcommand(app, args)) return *done;
   init_logging("mcprun", verbose);
 
   namespace asio = boost::asio;
