@@ -32,6 +32,14 @@
 //                             for `mcprun doctor`'s skew check. Answered without a token (the
 //                             time is no secret); before a join the daemon then closes the
 //                             connection, after one it keeps it
+//   lease      agent->daemon  gpus (a count), wait_s, job [, held_gpus, held_port: a running job
+//                             re-registers after a daemon restart]: GPUs and a master port for
+//                             a job on the daemon's host (unix socket only)
+//   lease      daemon->agent  gpus[bus ids], port, heartbeat_interval_ms: granted, held for as
+//                             long as this connection lasts
+//   queued     daemon->agent  message: not granted yet; the request waits up to wait_s, behind
+//                             every older request for GPUs (the message names who holds and
+//                             who waits first)
 #pragma once
 
 #include <nlohmann/json.hpp>

@@ -125,7 +125,11 @@ std::variant<GrantedLease, std::string> RendezvousClient::lease(nlohmann::json r
   request["type"] = "lease";
   std::optional<nlohmann::json> reply;
   on_message_ = [&](const nlohmann::json& message) {
-    if (!reply) reply = message;
+    if (message["type"] == "queued")
+      spdlog::info("waiting up to {:g} s for a GPU lease: {}", request.value("wait_s", 0.0),
+                   message.value("message", std::string()));
+    else if (!reply)
+      reply = message;
   };
   send(request);
   read();

@@ -354,6 +354,9 @@ void RendezvousServer::handle_lease(const std::shared_ptr<AgentSession>& session
   const int gpu_count = message.value("gpus", 0);
   const double wait_s = message.value("wait_s", 0.0);
   if (gpu_count < 0) return session->refuse("malformed lease: gpus must be >= 0");
+  if (gpu_count > static_cast<int>(leases_.gpu_count()))  // Waiting would block the queue for nothing.
+    return session->refuse(std::to_string(gpu_count) + " GPU(s) wanted, but this box has " +
+                           std::to_string(leases_.gpu_count()));
   const std::string holder = user_name(*session->uid) + ", job " + message.value("job", std::string("?"));
   if (message.contains("held_port")) {
     // A running job re-registers what it held before this daemon restarted.
@@ -373,20 +376,41 @@ void RendezvousServer::handle_lease(const std::shared_ptr<AgentSession>& session
     request.deadline->async_wait([this, weak = std::weak_ptr(session), gpu_count](boost::system::error_code ec) {
       if (ec) return;
       auto waiting = weak.lock();
-      std::erase_if(waiting_leases_, [&](const WaitingLease& w) { return w.session.lock() == waiting; });
-      if (waiting && waiting->lease_id == 0) waiting->refuse(leases_.shortage(gpu_count));
+      if (!waiting || waiting->lease_id != 0) return;
+      refuse_waiting_lease(waiting, gpu_count);
+      grant_waiting_leases();  // The ones it held back may fit now.
     });
   }
   waiting_leases_.push_back(std::move(request));
   grant_waiting_leases();
-  // Still waiting and not allowed to: refuse at once, naming who holds what.
-  if (session->lease_id == 0 && wait_s <= 0) {
-    std::erase_if(waiting_leases_, [&](const WaitingLease& w) { return w.session.lock() == session; });
-    session->refuse(leases_.shortage(gpu_count));
+  if (session->lease_id != 0) return;
+  // Not allowed to wait: refuse at once, naming who holds what.
+  if (wait_s <= 0) return refuse_waiting_lease(session, gpu_count);
+  const std::string queued = lease_queue_position(*session, gpu_count);
+  spdlog::info("{} waits up to {:g} s: {}", holder, wait_s, queued);
+  session->send({{"type", "queued"}, {"message", queued}});
+}
+
+std::string RendezvousServer::lease_queue_position(const AgentSession& session, int gpu_count) const {
+  std::string text = leases_.shortage(gpu_count), ahead;
+  for (const WaitingLease& waiting : waiting_leases_) {
+    if (waiting.session.lock().get() == &session) break;
+    if (waiting.gpu_count > 0) ahead += " " + waiting.holder + " (" + std::to_string(waiting.gpu_count) + " GPU(s));";
   }
+  if (!ahead.empty()) text += "; waiting first:" + ahead.substr(0, ahead.size() - 1);
+  return text;
+}
+
+void RendezvousServer::refuse_waiting_lease(const std::shared_ptr<AgentSession>& session, int gpu_count) {
+  const std::string reason = lease_queue_position(*session, gpu_count);
+  std::erase_if(waiting_leases_, [&](const WaitingLease& w) { return w.session.lock() == session; });
+  session->refuse(reason);
 }
 
 void RendezvousServer::grant_waiting_leases() {
+  // First come, first served: while an older request waits for GPUs, no younger one takes any,
+  // so a job wanting many GPUs is not starved by a stream of small ones. Port-only leases pass.
+  bool gpus_spoken_for = false;
   for (auto it = waiting_leases_.begin(); it != waiting_leases_.end();) {
     auto session = it->session.lock();
     if (!session) {
@@ -394,8 +418,11 @@ void RendezvousServer::grant_waiting_leases() {
       continue;
     }
     const uint64_t id = next_lease_id_;
-    auto lease = leases_.grant(id, it->gpu_count, it->holder, port_is_free);
+    std::optional<Lease> lease;
+    if (!gpus_spoken_for || it->gpu_count == 0)
+      lease = leases_.grant(id, it->gpu_count, it->holder, port_is_free);
     if (!lease) {
+      gpus_spoken_for = gpus_spoken_for || it->gpu_count > 0;
       ++it;
       continue;
     }
@@ -505,11 +532,15 @@ void RendezvousServer::forget_old_jobs() {
 
 void RendezvousServer::on_closed(const std::shared_ptr<AgentSession>& session) {
   sessions_.erase(session);
-  if (session->lease_id != 0) {  // The job ended or its agent died: its GPUs and port are free.
+  const bool held_lease = session->lease_id != 0;
+  if (held_lease) {  // The job ended or its agent died: its GPUs and port are free.
     leases_.release(session->lease_id);
     session->lease_id = 0;
-    grant_waiting_leases();
   }
+  // A waiting request leaves the queue with its connection: the ones behind it may fit now.
+  const size_t waiting = std::erase_if(
+      waiting_leases_, [&](const WaitingLease& w) { return w.session.lock() == session; });
+  if (held_lease || waiting > 0) grant_waiting_leases();
   if (session->job_id.empty()) return;
   Job* current = job_of(*session);
   if (!current) return;

@@ -123,8 +123,12 @@ class RendezvousServer {
   void handle_join(const std::shared_ptr<AgentSession>& session, const nlohmann::json& message);
   /// A local job asks for GPUs and a master port; answered now, after a release, or refused.
   void handle_lease(const std::shared_ptr<AgentSession>& session, const nlohmann::json& message);
-  /// Grants what waiting lease requests can now have, oldest first.
+  /// Grants what waiting lease requests can now have, strictly oldest first for GPUs.
   void grant_waiting_leases();
+  /// "4 GPU(s) wanted, 2 of 8 free; held by ...; waiting first: bob (uid 1001), job y (8 GPU(s))".
+  std::string lease_queue_position(const AgentSession& session, int gpu_count) const;
+  /// Drops a waiting request and refuses it, naming who holds the GPUs and who waits first.
+  void refuse_waiting_lease(const std::shared_ptr<AgentSession>& session, int gpu_count);
   /// `mcprun jobs|status|stop` (rendezvousd/operator_requests.cpp).
   void handle_operator(const std::shared_ptr<AgentSession>& session, const nlohmann::json& message);
   /// Whether the session may see, stop or join `job`: its owner or root on the unix socket,

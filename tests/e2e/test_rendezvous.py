@@ -489,6 +489,32 @@ class GpuLeases(RendezvousTestCase):
         self.go("e")
         self.assertEqual(late.wait(timeout=30), 0)
 
+    def test_a_waiting_job_is_not_overtaken_and_an_impossible_one_is_refused_at_once(self):
+        holder = self.job("a", 6)
+        self.leased("a", 6)
+        big = self.job("big", 4, "--gpu-wait", "60")
+        self.assertTrue(wait_for(lambda: "job big waits up to 60 s" in self.read_log(), 20), self.read_log())
+
+        # Two GPUs are free, but taking them would make the older 4-GPU request wait longer.
+        code, _, err = self.run_mcprun("-n", "2", "--rdzv-id", "small", "--no-python", "/bin/true", timeout=30)
+        self.assertEqual(code, 75, err)
+        self.assertIn("2 GPU(s) wanted, 2 of 8 free; held by root (uid 0), job a (", err)
+        self.assertIn("waiting first: root (uid 0), job big (4 GPU(s))", err)
+        # A request for more GPUs than the box has would block the queue for nothing.
+        code, _, err = self.run_mcprun("-n", "9", "--rdzv-id", "huge", "--gpu-wait", "60", "--no-python",
+                                       "/bin/true", timeout=30)
+        self.assertEqual(code, 75, err)
+        self.assertIn("9 GPU(s) wanted, but this box has 8", err)
+
+        self.go("a")
+        self.assertEqual(holder.wait(timeout=30), 0)
+        gpus, _ = self.leased("big", 4)
+        self.assertEqual(len(gpus), 4)
+        self.go("big")
+        _, err = big.communicate(timeout=30)
+        self.assertEqual(big.returncode, 0, err)
+        self.assertIn("waiting up to 60 s for a GPU lease: 4 GPU(s) wanted, 2 of 8 free", err)
+
 
 class StaticBackend(LauncherTestCase):
     def test_two_nodes_with_node_rank_and_master_need_no_rendezvous(self):
