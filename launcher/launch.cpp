@@ -1,0 +1,508 @@
+#include "launcher/launch.hpp"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+
+#include "common/descriptor_limit.hpp"
+#include "common/event_loop.hpp"
+#include "common/exit_status.hpp"
+#include "common/logging.hpp"
+#include "common/protocol.hpp"
+#include "launcher/failure_report.hpp"
+#include "launcher/operator_command.hpp"
+#include "launcher/stall_report.hpp"
+
+namespace mcprun {
+
+std::string host_name() {
+  char name[256] = {};
+  return ::gethostname(name, sizeof name - 1) == 0 ? name : "localhost";
+}
+
+/// The run's folder: attempt_<n>/<local rank>/{stdout.log,stderr.log,error.json}. Under
+/// --log-dir it is kept; otherwise it is a temp folder removed at exit unless logs were asked for.
+class RunDirectory {
+ public:
+  RunDirectory(const LaunchConfig& config, std::string* error) {
+    const bool streams_to_files = config.redirects.all || config.tee.all ||
+                                  !config.redirects.per_rank.empty() || !config.tee.per_rank.empty();
+    keep_ = !config.log_dir.empty() || streams_to_files || config.nccl_debug;
+    std::filesystem::path parent = config.log_dir;
+    if (parent.empty()) {
+      const char* tmp = std::getenv("TMPDIR");
+      parent = tmp && *tmp ? tmp : "/tmp";
+    }
+    std::error_code ec;
+    std::filesystem::create_directories(parent, ec);
+    std::string pattern = (parent / ("mcprun_" + config.rdzv_id + "_XXXXXX")).string();
+    if (::mkdtemp(pattern.data()) == nullptr) {
+      *error = "cannot create a run folder under " + parent.string() + ": " + std::strerror(errno);
+      return;
+    }
+    path_ = pattern;
+    if (keep_) spdlog::info("logs of this run: {}", path_.string());
+  }
+  ~RunDirectory() {
+    std::error_code ec;
+    if (!runtime_.empty()) std::filesystem::remove_all(runtime_, ec);
+    if (!keep_ && !path_.empty()) std::filesystem::remove_all(path_, ec);
+  }
+  AttemptFiles attempt(int restart_count) const {
+    return {path_ / ("attempt_" + std::to_string(restart_count)), keep_};
+  }
+  bool ok() const { return !path_.empty(); }
+  const std::filesystem::path& path() const { return path_; }
+  /// Keeps the folder after all: it holds a stall's report and stack dumps.
+  void keep() {
+    if (!keep_) spdlog::info("keeping this run's files: {}", path_.string());
+    keep_ = true;
+  }
+  /// Where the FileTimer pipe and the helper's socket live: a unix socket path must stay short.
+  std::filesystem::path runtime_dir() {
+    if ((path_ / "agent.sock").string().size() < kUnixPathLimit) return path_;
+    if (runtime_.empty()) {
+      std::string pattern = "/tmp/mcprun_rt_XXXXXX";
+      if (::mkdtemp(pattern.data()) != nullptr) runtime_ = pattern;
+    }
+    return runtime_;
+  }
+
+ private:
+  static constexpr size_t kUnixPathLimit = 100;  ///< sun_path holds 108 bytes.
+  std::filesystem::path path_;
+  std::filesystem::path runtime_;
+  bool keep_ = false;
+};
+
+namespace {
+
+/// How long the node hosting the embedded rendezvous keeps serving after its own workers are
+/// done, so the other nodes can report theirs (torchrun's exit barrier).
+constexpr std::chrono::seconds kHostExitBarrierTimeout{60};
+
+/// torchrun's is_host guess: the endpoint names this machine.
+bool endpoint_is_local(const std::string& endpoint) {
+  const std::string host = endpoint.substr(0, endpoint.rfind(':'));
+  if (host == "localhost" || host == host_name()) return true;
+  boost::system::error_code ec;
+  auto address = boost::asio::ip::make_address(host, ec);
+  if (ec) return false;
+  return address.is_loopback() || interface_for_address(address.to_string()).has_value();
+}
+
+/// Hosts the rendezvous in-process when this node is the endpoint and nothing listens there yet.
+std::unique_ptr<RendezvousServer> host_embedded_rendezvous(boost::asio::io_context& io,
+                                                           const LaunchConfig& config) {
+  if (!config.is_host.value_or(endpoint_is_local(config.rdzv_endpoint))) return nullptr;
+  const std::string& endpoint = config.rdzv_endpoint;
+  int port = -1;
+  try {
+    port = std::stoi(endpoint.substr(endpoint.rfind(':') + 1));
+  } catch (const std::exception&) {
+  }
+  if (port < 1 || port > 65535) return nullptr;
+  try {
+    auto server = std::make_unique<RendezvousServer>(
+        io, boost::asio::ip::tcp::endpoint(boost::asio::ip::tcp::v4(), static_cast<unsigned short>(port)),
+        ServerSettings{});
+    spdlog::info("hosting the rendezvous for job '{}' on port {}", config.rdzv_id, port);
+    return server;
+  } catch (const boost::system::system_error& error) {
+    // A rendezvousd already listens there (or another host agent): be its client instead.
+    spdlog::debug("not hosting the rendezvous on port {}: {}", port, error.code().message());
+    return nullptr;
+  }
+}
+
+/// This node's pinned GPUs in local-rank order, as the rendezvous learns them with the join.
+nlohmann::json gpu_topology(const RankPlan& plan) {
+  nlohmann::json gpus = nlohmann::json::array();
+  for (const RankSlot& slot : plan.slots)
+    if (const auto& gpu = slot.identity.gpu)
+      gpus.push_back({{"local_rank", slot.identity.local_rank}, {"bus_id", gpu->bus_id},
+                      {"numa_node", gpu->numa_node}, {"switch", gpu->switch_id()},
+                      {"uuid", gpu->uuid}});
+  return gpus;
+}
+
+/// How long a stalled node waits for the other nodes' views of their ranks.
+constexpr std::chrono::seconds kStallReportTimeout{5};
+
+/// The python helper (import mcprun) next to the binary: <prefix>/share/mcprun/python, which
+/// the build tree mirrors.
+std::optional<std::filesystem::path> python_helper_dir() {
+  std::error_code ec;
+  const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return std::nullopt;
+  auto dir = exe.parent_path().parent_path() / "share" / "mcprun" / "python";
+  if (!std::filesystem::exists(dir / "mcprun" / "__init__.py", ec)) return std::nullopt;
+  return dir;
+}
+
+/// The job store's listening socket on MASTER_PORT: the socket mcprun reserved when it holds
+/// that port, else a fresh bind (a --master-port the user chose).
+std::optional<boost::asio::ip::tcp::acceptor> store_acceptor(
+    boost::asio::io_context& io, int port, std::optional<PortReservation>& reservation,
+    std::string* error) {
+  namespace ip = boost::asio::ip;
+  ip::tcp::acceptor acceptor(io);
+  boost::system::error_code ec;
+  if (reservation && reservation->port() == port) {
+    acceptor.assign(ip::tcp::v4(), reservation->take_socket().release(), ec);
+    reservation.reset();
+  } else {
+    acceptor.open(ip::tcp::v4(), ec);
+    if (!ec) acceptor.set_option(ip::tcp::acceptor::reuse_address(true), ec);
+    if (!ec) acceptor.bind({ip::tcp::v4(), static_cast<unsigned short>(port)}, ec);
+  }
+  if (!ec) acceptor.listen(ip::tcp::socket::max_listen_connections, ec);
+  if (ec) {
+    *error = fmt::format("cannot serve the job store on MASTER_PORT {}: {}", port, ec.message());
+    return std::nullopt;
+  }
+  return acceptor;
+}
+
+/// Points a failure or stall report at each rank's NCCL log, under --nccl-debug.
+void name_nccl_logs(const LaunchConfig& config, const AttemptResult& result, const AttemptFiles& files) {
+  if (!config.nccl_debug) return;
+  std::fputs("NCCL debug logs (--nccl-debug):\n", stderr);
+  for (const WorkerOutcome& worker : result.workers)
+    std::fprintf(stderr, "  rank %d: %s\n", worker.rank,
+                 nccl_log_pattern(files.attempt_dir / std::to_string(worker.local_rank)).c_str());
+}
+
+/// The rendezvousd that leases this box's GPUs: $MCPRUN_DAEMON (unix:PATH; empty: none), else
+/// the service's socket when it exists.
+std::optional<std::string> lease_endpoint(const Environment& inherited) {
+  std::string endpoint = kDefaultDaemonEndpoint;
+  if (auto chosen = inherited.find("MCPRUN_DAEMON"); chosen != inherited.end()) endpoint = chosen->second;
+  if (endpoint.rfind("unix:", 0) != 0) {
+    if (!endpoint.empty()) spdlog::warn("MCPRUN_DAEMON={}: GPU leases need unix:PATH; not leasing", endpoint);
+    return std::nullopt;
+  }
+  std::error_code ec;
+  if (!std::filesystem::exists(endpoint.substr(5), ec)) return std::nullopt;
+  return endpoint;
+}
+
+/// How many GPUs to lease: one per rank when ranks are pinned, all of them for -n gpu|auto.
+int gpus_wanted(const LaunchConfig& config, const std::vector<GpuDevice>& gpus) {
+  if (config.no_pin || gpus.empty()) return 0;
+  if (config.nproc.kind == NprocSpec::Kind::kCount) return config.nproc.count;
+  return config.nproc.kind == NprocSpec::Kind::kCpu ? 0 : static_cast<int>(gpus.size());
+}
+
+}  // namespace
+
+Launch::Launch(const LaunchConfig& config, RunSummary& summary)
+    : config_(config), summary_(summary), host_(host_name()), inherited_(current_environment()) {
+  // A job file's env: acts as if exported before mcprun: OMP_NUM_THREADS is honoured, RANK warned.
+  for (const auto& [name, value] : config.env) inherited_[name] = value;
+}
+
+Launch::~Launch() = default;
+
+int Launch::run() {
+  std::vector<GpuDevice> gpus = discover_gpus();
+  annotate_with_nvml(gpus);
+  if (auto code = lease_gpus(gpus)) return *code;
+  if (auto code = plan_ranks(std::move(gpus))) return *code;
+  if (auto code = prepare_join()) return *code;
+  if (auto code = prepare_supervision()) return *code;
+  for (int attempt = 0, restart_count = 0;; ++attempt, ++restart_count) {
+    // Every attempt of a multi-node job is a fresh round: all nodes restart together.
+    if (config_.uses_rendezvous() && !join_round()) return kExitRendezvous;
+    if (!serve_store_if_master()) return kExitFailure;
+    summary_.stall_ranks.clear();
+    reported_nodes_.clear();
+    watch_->begin_attempt(restart_count, plan_->job.world_size, plan_->job.master_port, stall_hooks());
+    summary_.begin_attempt();
+    AttemptResult result = group_->run_attempt(restart_count, run_dir_->attempt(attempt));
+    summary_.end_attempt(result, run_dir_->attempt(attempt), plan_->job.world_size);
+    watch_->end_attempt();
+    if (auto code = conclude(result, attempt, restart_count)) return *code;
+  }
+}
+
+std::optional<int> Launch::lease_gpus(std::vector<GpuDevice>& gpus) {
+  // On a shared box the local rendezvousd leases this job its GPUs and master port, for as long
+  // as this connection lasts: two users' jobs never share either.
+  auto endpoint = lease_endpoint(inherited_);
+  if (!endpoint || config_.dry_run) return std::nullopt;
+  lease_holder_ = std::make_unique<RendezvousClient>(io_, *endpoint);
+  auto granted = lease_holder_->lease(
+      {{"gpus", gpus_wanted(config_, gpus)}, {"wait_s", config_.gpu_wait}, {"job", config_.rdzv_id}},
+      std::chrono::milliseconds(static_cast<long>(config_.gpu_wait * 1000)) + kRendezvousConnectTimeout);
+  if (auto* refused = std::get_if<std::string>(&granted)) {
+    spdlog::error("no GPU lease from rendezvousd at {}: {}", *endpoint, *refused);
+    return kExitRendezvous;
+  }
+  const GrantedLease& lease = std::get<GrantedLease>(granted);
+  std::erase_if(gpus, [&](const GpuDevice& gpu) {
+    return std::find(lease.gpus.begin(), lease.gpus.end(), gpu.bus_id) == lease.gpus.end();
+  });
+  spdlog::info("leased from rendezvousd: {} GPU(s), master port {}", lease.gpus.size(), lease.port);
+  leased_port_ = lease.port;
+  return std::nullopt;
+}
+
+std::optional<int> Launch::plan_ranks(std::vector<GpuDevice> gpus) {
+  int master_port = config_.master_port.value_or(0);
+  if (!config_.master_port) {
+    std::string error;
+    reservation_ = PortReservation::reserve(&error, leased_port_);
+    if (!reservation_) {
+      spdlog::error("cannot reserve a free MASTER_PORT: {}", error);
+      return kExitFailure;
+    }
+    master_port = reservation_->port();
+  }
+  auto planned = build_rank_plan(config_, std::move(gpus), inherited_, master_port);
+  if (auto* error = std::get_if<UsageError>(&planned)) return usage_error(error->message);
+  plan_ = std::move(std::get<RankPlan>(planned));
+  for (const auto& warning : plan_->warnings) spdlog::warn("{}", warning);
+  if (config_.dry_run) {
+    std::cout << format_rank_plan(*plan_, inherited_);
+    return kExitSuccess;
+  }
+  return std::nullopt;
+}
+
+std::optional<int> Launch::prepare_join() {
+  if (!config_.uses_rendezvous()) return std::nullopt;
+  if (config_.rdzv_backend == "c10d") embedded_ = host_embedded_rendezvous(io_, config_);
+  join_ = {{"job", config_.rdzv_id},
+           {"node", config_.node_name.empty() ? host_ + ":" + std::to_string(::getpid())
+                                              : config_.node_name},
+           {"nproc", plan_->slots.size()},
+           {"master_port", plan_->job.master_port},
+           {"node_rank", config_.node_rank.value_or(-1)},
+           {"labels", config_.topology_labels},
+           {"gpus", gpu_topology(*plan_)},
+           {"min_nodes", config_.min_nodes},
+           {"max_nodes", config_.max_nodes},
+           {"join_timeout_s", config_.join_timeout},
+           {"last_call_timeout_s", config_.last_call_timeout}};
+  if (!config_.rdzv_token_file.empty()) {
+    auto token = read_token_file(config_.rdzv_token_file);
+    if (!token) return usage_error("--rdzv-token-file " + config_.rdzv_token_file + ": cannot read a token");
+    join_["token"] = *token;
+  }
+  return std::nullopt;
+}
+
+std::optional<int> Launch::prepare_supervision() {
+  std::string error;
+  run_dir_ = std::make_unique<RunDirectory>(config_, &error);
+  if (!run_dir_->ok()) {
+    spdlog::error("{}", error);
+    return kExitFailure;
+  }
+  watch_ = std::make_unique<StallWatch>(io_, config_.stall, host_, run_dir_->runtime_dir());
+  for (auto& [name, value] : watch_->worker_env()) plan_->extra_env[name] = value;
+  if (auto helper = python_helper_dir()) {
+    auto inherited_path = inherited_.find("PYTHONPATH");
+    plan_->extra_env["PYTHONPATH"] =
+        helper->string() + (inherited_path == inherited_.end() ? "" : ":" + inherited_path->second);
+  }
+  group_ = std::make_unique<WorkerGroup>(io_, control_, *plan_, config_, inherited_);
+  // --timeout: one deadline for the whole job, across rounds and restarts.
+  if (config_.job_timeout > 0) {
+    job_deadline_ = std::make_unique<boost::asio::steady_timer>(
+        io_, std::chrono::milliseconds(static_cast<long>(config_.job_timeout * 1000)));
+    job_deadline_->async_wait([this](boost::system::error_code ec) {
+      if (ec) return;
+      timed_out_ = true;
+      group_->request_stop(fmt::format("the job ran past --timeout {} s", config_.job_timeout),
+                           kExitJobTimeout);
+    });
+  }
+  if (config_.uses_rendezvous()) {
+    group_->on_first_failure([this](const WorkerOutcome& worker) {
+      rendezvous_->report_failure("rank " + std::to_string(worker.rank) + " on " + host_ +
+                                      " failed with " + describe_exit(worker.exit_code, worker.signal),
+                                  exit_code_for(worker));
+    });
+  }
+  // A stall: this node's ranks are diagnosed before their stacks are dumped, and every other
+  // node hears of them at once, so each node's report covers the whole job.
+  group_->on_stall([this](const StallNotice& notice, const std::vector<WorkerStatus>& workers) {
+    std::vector<RankProgress> local = watch_->diagnose(notice, workers);
+    if (rendezvous_) {
+      nlohmann::json ranks = nlohmann::json::array();
+      for (const RankProgress& rank : local) ranks.push_back(to_json(rank));
+      rendezvous_->send({{"type", "stall_report"}, {"ranks", ranks}});
+    }
+    summary_.stall_ranks.insert(summary_.stall_ranks.end(), local.begin(), local.end());
+  });
+  return std::nullopt;
+}
+
+bool Launch::join_round() {
+  rendezvous_.reset();
+  auto client = std::make_unique<RendezvousClient>(io_, config_.rdzv_endpoint);
+  spdlog::info("joining job '{}' at {} ({} node(s) expected, up to {} s)", config_.rdzv_id,
+               config_.rdzv_endpoint, config_.nnodes, config_.join_timeout);
+  // The daemon times the round out itself; our limit only covers a daemon that went silent.
+  auto joined = client->join(
+      join_, std::chrono::milliseconds(static_cast<long>(config_.join_timeout * 1000)) +
+                 kRendezvousConnectTimeout);
+  if (auto* failure = std::get_if<std::string>(&joined)) {
+    spdlog::error("{}", *failure);
+    return false;
+  }
+  const Assignment& assignment = std::get<Assignment>(joined);
+  place_in_job(*plan_, assignment);
+  if (auto interface = interface_for_address(client->local_address()))
+    set_socket_interface(*plan_, *interface, inherited_);
+  spdlog::info("node rank {} of {}: ranks {}-{} of {}, MASTER_ADDR={} MASTER_PORT={}",
+               assignment.group_rank, assignment.group_world_size, assignment.rank_offset,
+               assignment.rank_offset + static_cast<int>(plan_->slots.size()) - 1,
+               assignment.world_size, assignment.master_addr, assignment.master_port);
+  rendezvous_ = std::move(client);
+
+  membership_change_ = false;
+  PeerEvents events;
+  events.on_stop = [this](const PeerStop& stop) {
+    membership_change_ = stop.membership_change;
+    group_->request_stop(stop.reason, stop.exit_code);
+  };
+  events.on_stall = [this](const nlohmann::json& message) {
+    try {
+      group_->request_stall(stall_notice_from_json(message));
+    } catch (const std::exception& bad) {
+      spdlog::error("node {} sent a malformed stall notice ({}); stopping as stalled anyway",
+                    message.value("node", std::string("?")), bad.what());
+      StallNotice unknown;
+      unknown.what = "a stall on node " + message.value("node", std::string("?"));
+      group_->request_stall(unknown);
+    }
+  };
+  events.on_stall_report = [this](const nlohmann::json& message) {
+    reported_nodes_.insert(message.value("node", std::string("?")));
+    try {
+      for (const auto& rank : message.at("ranks"))
+        summary_.stall_ranks.push_back(rank_progress_from_json(rank));
+    } catch (const std::exception& bad) {
+      spdlog::warn("node {} sent a malformed stall report: {}", message.value("node", std::string("?")),
+                   bad.what());
+    }
+  };
+  events.on_barrier_done = [this](const std::string& name) { watch_->complete_barrier(name); };
+  rendezvous_->watch(std::move(events));
+  return true;
+}
+
+bool Launch::serve_store_if_master() {
+  if (plan_->job.group_rank != 0) {
+    watch_->stop_hosting_store();
+    return true;
+  }
+  if (watch_->hosts_store()) return true;
+  std::string error;
+  auto acceptor = store_acceptor(io_, plan_->job.master_port, reservation_, &error);
+  if (!acceptor) {
+    spdlog::error("{}", error);
+    return false;
+  }
+  raise_descriptor_limit();  // A connection or two per rank of the job.
+  watch_->host_store(std::move(*acceptor));
+  return true;
+}
+
+StallHooks Launch::stall_hooks() {
+  StallHooks hooks;
+  hooks.on_stall = [this](const StallNotice& notice) {
+    spdlog::error("stall: {}", notice.what);
+    if (rendezvous_) {
+      nlohmann::json message = to_json(notice);
+      message["type"] = "stall";
+      rendezvous_->send(message);
+    }
+    group_->request_stall(notice);
+  };
+  hooks.workers = [this] { return group_->status(); };
+  if (rendezvous_)
+    hooks.forward_barrier_arrival = [this](const std::string& name, int rank) {
+      rendezvous_->send({{"type", "barrier"}, {"name", name}, {"rank", rank}});
+    };
+  return hooks;
+}
+
+std::optional<int> Launch::conclude(const AttemptResult& result, int attempt, int& restart_count) {
+  switch (result.end) {
+    case AttemptResult::End::kSucceeded:
+      if (rendezvous_) rendezvous_->report_done();
+      serve_remaining_nodes(kHostExitBarrierTimeout);
+      return kExitSuccess;
+    case AttemptResult::End::kStalled:
+      return conclude_stall(result, attempt, restart_count);
+    case AttemptResult::End::kPeerStopped:
+      if (timed_out_) {
+        spdlog::error("stopped every worker: {}", result.peer_reason);
+        if (rendezvous_) rendezvous_->report_failure("the job timed out on " + host_, kExitJobTimeout);
+        return kExitJobTimeout;
+      }
+      if (membership_change_) {  // Scaling up is not a failure and spends no restart.
+        spdlog::warn("{}", result.peer_reason);
+        --restart_count;
+        return std::nullopt;
+      }
+      spdlog::error("stopped this node's workers: {}", result.peer_reason);
+      if (restart_count >= config_.max_restarts) return result.peer_exit_code;
+      spdlog::warn("restarting the worker group with the other nodes ({} of {} restarts)",
+                   restart_count + 1, config_.max_restarts);
+      return std::nullopt;
+    case AttemptResult::End::kInterrupted:
+      return exit_code_for_signal(result.interrupt_signal);
+    case AttemptResult::End::kSpawnFailed:
+      spdlog::error("cannot start a worker: {}", result.spawn_error);
+      return kExitFailure;
+    case AttemptResult::End::kWorkerFailed:
+      break;
+  }
+  std::fputs(format_failure_report(result.workers, result.first_failure, host_, restart_count,
+                                   config_.max_restarts)
+                 .c_str(),
+             stderr);
+  name_nccl_logs(config_, result, run_dir_->attempt(attempt));
+  if (restart_count >= config_.max_restarts) {
+    serve_remaining_nodes(std::chrono::seconds(2));  // Long enough to pass the failure on.
+    return exit_code_for(result.workers[result.first_failure]);
+  }
+  spdlog::warn("restarting the worker group ({} of {} restarts)", restart_count + 1,
+               config_.max_restarts);
+  return std::nullopt;
+}
+
+std::optional<int> Launch::conclude_stall(const AttemptResult& result, int attempt, int restart_count) {
+  // The other nodes sent their ranks before dumping stacks; a node that died says nothing.
+  const size_t other_nodes = static_cast<size_t>(plan_->job.group_world_size - 1);
+  run_until(io_, [&] { return reported_nodes_.size() >= other_nodes; }, kStallReportTimeout);
+  run_dir_->keep();
+  const std::string report = format_stall_report(*result.stall, summary_.stall_ranks, plan_->job.world_size);
+  std::fputs(report.c_str(), stderr);
+  const auto report_file = run_dir_->attempt(attempt).attempt_dir / "stall_report.txt";
+  std::ofstream(report_file) << report;
+  spdlog::info("stall report saved to {}", report_file.string());
+  name_nccl_logs(config_, result, run_dir_->attempt(attempt));
+  if (restart_count >= config_.max_restarts) {
+    serve_remaining_nodes(std::chrono::seconds(2));
+    return kExitStalled;
+  }
+  spdlog::warn("restarting the worker group after the stall ({} of {} restarts)", restart_count + 1,
+               config_.max_restarts);
+  return std::nullopt;
+}
+
+void Launch::serve_remaining_nodes(std::chrono::seconds limit) {
+  if (embedded_) run_until(io_, [&] { return embedded_->job_finished(config_.rdzv_id); }, limit);
+}
+
+}  // namespace mcprun

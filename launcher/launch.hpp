@@ -1,0 +1,83 @@
+// One run of `mcprun [flags] script`: lease GPUs, plan the ranks, join the rendezvous, then
+// supervise every attempt of the worker group to the job's end.
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/topology.hpp"
+#include "launcher/launch_config.hpp"
+#include "launcher/port_reservation.hpp"
+#include "launcher/process_control.hpp"
+#include "launcher/rank_plan.hpp"
+#include "launcher/rendezvous_client.hpp"
+#include "launcher/run_summary.hpp"
+#include "launcher/stall_watch.hpp"
+#include "launcher/worker_group.hpp"
+#include "rendezvousd/rendezvous_server.hpp"
+
+namespace mcprun {
+
+class RunDirectory;
+
+/// This machine's name, as reports and the rendezvous show it.
+std::string host_name();
+
+class Launch {
+ public:
+  Launch(const LaunchConfig& config, RunSummary& summary);
+  ~Launch();
+  Launch(const Launch&) = delete;
+  Launch& operator=(const Launch&) = delete;
+
+  /// Runs the job to its end and returns mcprun's exit code.
+  int run();
+
+ private:
+  /// Takes this job's GPUs and master port from a local rendezvousd, where one leases them.
+  std::optional<int> lease_gpus(std::vector<GpuDevice>& gpus);
+  /// Reserves MASTER_PORT and builds the rank plan; an exit code when the run is over already.
+  std::optional<int> plan_ranks(std::vector<GpuDevice> gpus);
+  /// The join message this node sends each round; an exit code for a bad token file.
+  std::optional<int> prepare_join();
+  /// The run folder, the watchdogs, the worker group and the job's --timeout.
+  std::optional<int> prepare_supervision();
+  /// One rendezvous round: join, move the plan to its place in the job, listen to the others.
+  bool join_round();
+  /// The master node serves the job store; every rank's env:// init is its client.
+  bool serve_store_if_master();
+  StallHooks stall_hooks();
+  /// What an attempt's end means: the exit code, or nullopt to run the next attempt.
+  std::optional<int> conclude(const AttemptResult& result, int attempt, int& restart_count);
+  std::optional<int> conclude_stall(const AttemptResult& result, int attempt, int restart_count);
+  /// The host of an embedded rendezvous serves the others until their jobs are over too.
+  void serve_remaining_nodes(std::chrono::seconds limit);
+
+  const LaunchConfig& config_;
+  RunSummary& summary_;
+  const std::string host_;
+  Environment inherited_;
+  boost::asio::io_context io_;
+  std::unique_ptr<RendezvousClient> lease_holder_;  ///< Holds the GPU lease while it lives.
+  int leased_port_ = 0;  ///< The master port rendezvousd leased, or 0.
+  std::optional<PortReservation> reservation_;
+  std::optional<RankPlan> plan_;
+  std::unique_ptr<RendezvousServer> embedded_;
+  nlohmann::json join_;
+  std::unique_ptr<RunDirectory> run_dir_;
+  std::unique_ptr<StallWatch> watch_;
+  PosixProcessControl control_;
+  std::unique_ptr<WorkerGroup> group_;
+  std::unique_ptr<boost::asio::steady_timer> job_deadline_;
+  bool timed_out_ = false;
+  std::unique_ptr<RendezvousClient> rendezvous_;
+  bool membership_change_ = false;
+  std::set<std::string> reported_nodes_;  ///< Nodes whose stall report arrived this attempt.
+};
+
+}  // namespace mcprun
