@@ -8,6 +8,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/statvfs.h>
@@ -31,6 +32,7 @@
 #include "common/protocol.hpp"
 #include "common/topology.hpp"
 #include "common/unique_fd.hpp"
+#include "launcher/process_control.hpp"
 #include "launcher/rank_plan.hpp"
 
 namespace mcprun {
@@ -767,6 +769,32 @@ std::vector<CheckResult> check_clock(const DoctorInputs& inputs, DoctorProbes& p
   return {ok(name, finding)};
 }
 
+std::vector<CheckResult> check_nccl(const DoctorInputs& inputs, DoctorProbes& probes) {
+  const std::string name = "nccl";
+  if (inputs.python.empty()) return {};
+  auto probed = probes.torch_nccl(inputs.python, inputs.env);
+  if (auto* error = std::get_if<std::string>(&probed))
+    return {warn(name, "cannot ask " + inputs.python + " for torch's NCCL: " + *error,
+                 "set PYTHON_EXEC to the interpreter the workers run (a venv's python), or "
+                 "pass --no-torch to skip this check")};
+  const TorchNccl& torch = std::get<TorchNccl>(probed);
+  const std::string build = "torch " + torch.torch_version;
+  if (torch.cuda_version.empty()) return {ok(name, build + " is a CPU build: no NCCL (gloo only)")};
+  const std::string from = torch.libraries.empty() ? " (linked into torch)" : " from " + join(torch.libraries, ", ");
+  if (!torch.load_error.empty() || torch.loaded.empty())
+    return {warn(name, build + " (CUDA " + torch.cuda_version + ") cannot report its NCCL: " + torch.load_error,
+                 "NCCL fails to load: check that libnccl.so.2 is found (ldd on torch's libtorch_cuda.so)")};
+  if (torch.libraries.size() > 1)
+    return {warn(name, build + " has " + std::to_string(torch.libraries.size()) + " NCCL libraries mapped" + from,
+                 "two NCCLs in one process (LD_PRELOAD, or a system copy beside torch's): keep only torch's")};
+  if (!torch.shipped.empty() && torch.shipped != torch.loaded)
+    return {warn(name, build + " ships with NCCL " + torch.shipped + " but runs NCCL " + torch.loaded + from,
+                 "a different NCCL (LD_LIBRARY_PATH or LD_PRELOAD) is a known cause of silent hangs: drop "
+                 "it from those variables, or run the same NCCL on every node on purpose")};
+  return {ok(name, build + " (CUDA " + torch.cuda_version + ") runs NCCL " + torch.loaded + from +
+                       (torch.shipped.empty() ? "" : ", the version it ships with"))};
+}
+
 std::vector<CheckResult> run_checks(const DoctorInputs& inputs, DoctorProbes& probes) {
   std::vector<CheckResult> results;
   auto append = [&](std::vector<CheckResult> more) {
@@ -781,6 +809,7 @@ std::vector<CheckResult> run_checks(const DoctorInputs& inputs, DoctorProbes& pr
   results.push_back(check_memlock(inputs));
   results.push_back(check_hostname(inputs, probes));
   append(check_clock(inputs, probes));
+  append(check_nccl(inputs, probes));
   return results;
 }
 
@@ -1143,11 +1172,97 @@ std::variant<ClockReading, std::string> SystemDoctorProbes::read_clock(
   return *best;
 }
 
+namespace {
+
+/// Asks torch, in the workers' interpreter, which NCCL it runs and which it ships with.
+constexpr const char* kTorchNcclScript = R"PY(
+import json
+try:
+    import torch
+except Exception as error:
+    print(json.dumps({"error": "cannot import torch: %s" % error}))
+    raise SystemExit
+found = {"torch": torch.__version__, "cuda": torch.version.cuda or ""}
+if found["cuda"]:
+    try:
+        code = torch.cuda.nccl.version()
+        if isinstance(code, int):  # torch 1.x: 2708 is 2.7.8, 21805 is 2.18.5
+            code = (code // 10000, code // 100 % 100, code % 100) if code >= 10000 else (code // 1000, code // 100 % 10, code % 100)
+        found["loaded"] = ".".join(str(part) for part in code[:3])
+    except Exception as error:
+        found["load_error"] = str(error)
+    with open("/proc/self/maps") as maps:
+        found["libraries"] = sorted({line.split()[-1] for line in maps if "libnccl" in line})
+    from importlib import metadata
+    for package in ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11"):
+        try:
+            found["shipped"] = metadata.version(package)
+            break
+        except Exception:
+            pass
+print(json.dumps(found))
+)PY";
+
+}  // namespace
+
+std::variant<TorchNccl, std::string> SystemDoctorProbes::torch_nccl(const std::string& python,
+                                                                     const Environment& env) {
+  auto resolved = find_executable(python, env);
+  if (!resolved) return python + " not found";
+  int pipe_fds[2];
+  if (::pipe2(pipe_fds, O_CLOEXEC) != 0) return std::string("pipe: ") + std::strerror(errno);
+  UniqueFd read_end(pipe_fds[0]), write_end(pipe_fds[1]);
+  UniqueFd quiet(::open("/dev/null", O_WRONLY | O_CLOEXEC));  // torch's warnings are not ours.
+  PosixProcessControl control;
+  std::string error;
+  auto pid = control.spawn({{*resolved, "-c", kTorchNcclScript}, merge_environment(env, {}), {},
+                            write_end.get(), quiet.get()},
+                           &error);
+  write_end.reset();
+  if (!pid) return error;
+  std::string output;
+  const auto deadline = std::chrono::steady_clock::now() + kTorchProbeTimeout;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    pollfd readable{read_end.get(), POLLIN, 0};
+    if (left.count() <= 0 || ::poll(&readable, 1, static_cast<int>(left.count())) == 0) {
+      control.signal_group(*pid, SIGKILL);
+      error = "no answer within " + std::to_string(kTorchProbeTimeout.count()) + " s";
+      break;
+    }
+    char chunk[4096];
+    const ssize_t n = ::read(read_end.get(), chunk, sizeof chunk);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    output.append(chunk, static_cast<size_t>(n));
+  }
+  // It exits right after closing its stdout; one that lingers is killed.
+  const auto exit_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  for (bool killed = false; !control.reap_one(*pid); ::usleep(1000)) {
+    if (!killed && std::chrono::steady_clock::now() > exit_deadline) {
+      control.signal_group(*pid, SIGKILL);
+      killed = true;
+    }
+  }
+  if (!error.empty()) return error;
+  try {
+    const auto found = nlohmann::json::parse(output);
+    if (found.contains("error")) return found["error"].get<std::string>();
+    return TorchNccl{found.at("torch"), found.at("cuda"), found.value("loaded", ""),
+                     found.value("load_error", ""),
+                     found.value("libraries", std::vector<std::string>{}), found.value("shipped", "")};
+  } catch (const nlohmann::json::exception&) {
+    return resolved->c_str() + std::string(" printed no answer (") +
+           (output.empty() ? "nothing" : output.substr(0, 200)) + ")";
+  }
+}
+
 // --- The command --------------------------------------------------------------------------------
 
 int run_doctor(const std::vector<std::string>& args) {
   CLI::App app{doctor_description(), "mcprun doctor"};
-  bool json = false;
+  bool json = false, no_torch = false;
   std::string master_addr, rdzv_endpoint, shm = "/dev/shm";
   std::optional<int> master_port;
   app.add_flag("--json", json, "Print the checks as JSON instead of lines");
@@ -1158,6 +1273,9 @@ int run_doctor(const std::vector<std::string>& args) {
   app.add_option("--rdzv-endpoint", rdzv_endpoint,
                  "HOST:PORT or unix:PATH of the rendezvous: reachability and clock skew");
   app.add_option("--shm", shm, "The shared-memory filesystem NCCL uses")->capture_default_str();
+  app.add_flag("--no-torch", no_torch,
+               "Skip the NCCL check, which imports torch in the workers' python ($PYTHON_EXEC, "
+               "else python3)");
   if (auto done = parse_subcommand(app, args)) return *done;
   if (!rdzv_endpoint.empty()) {
     auto parsed = parse_peer_endpoint(rdzv_endpoint);
@@ -1181,6 +1299,7 @@ int run_doctor(const std::vector<std::string>& args) {
   rlimit memlock{};
   if (::getrlimit(RLIMIT_MEMLOCK, &memlock) == 0 && memlock.rlim_cur != RLIM_INFINITY)
     inputs.memlock_bytes = static_cast<uint64_t>(memlock.rlim_cur);
+  if (!no_torch) inputs.python = worker_python(inputs.env);
 
   SystemDoctorProbes probes;
   const std::vector<CheckResult> results = run_checks(inputs, probes);

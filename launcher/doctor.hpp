@@ -31,6 +31,10 @@ inline constexpr std::chrono::milliseconds kClockWarnAbove{1000};
 /// machines (Kerberos/NFS tickets, TLS certificates, checkpoint timestamps) breaks with it.
 inline constexpr std::chrono::milliseconds kClockFailAbove{30000};
 
+/// How long the workers' python may take to import torch and report its NCCL (a cold import
+/// from a network filesystem takes tens of seconds).
+inline constexpr std::chrono::seconds kTorchProbeTimeout{60};
+
 /// How a check came out; FAIL makes `mcprun doctor` exit 1.
 enum class CheckStatus { kOk, kWarn, kFail };
 
@@ -68,6 +72,7 @@ struct DoctorInputs {
   std::string master_port;    ///< --master-port, else MASTER_PORT (text: it may be bad).
   std::string rdzv_endpoint;  ///< --rdzv-endpoint; empty: not given.
   std::optional<uint64_t> memlock_bytes;  ///< RLIMIT_MEMLOCK's soft limit; nullopt: unlimited.
+  std::string python;  ///< The workers' interpreter, for the NCCL check; empty: skip it.
 };
 
 /// A filesystem's size as statvfs reports it.
@@ -86,6 +91,16 @@ struct ConnectResult {
 struct ClockReading {
   std::chrono::nanoseconds skew{0};  ///< Rendezvous minus this node; positive: we are behind.
   std::chrono::nanoseconds rtt{0};   ///< Of the sample used; the skew is known to +- rtt/2.
+};
+
+/// The NCCL the workers' torch uses, as that python reports it.
+struct TorchNccl {
+  std::string torch_version;             ///< torch.__version__.
+  std::string cuda_version;              ///< torch.version.cuda; empty: a CPU build.
+  std::string loaded;                    ///< ncclGetVersion of the library torch runs: "2.20.5".
+  std::string load_error;                ///< Why torch could not report it, if it could not.
+  std::vector<std::string> libraries;    ///< Every libnccl mapped into that process.
+  std::string shipped;                   ///< The nvidia-nccl-cu* package torch depends on, if any.
 };
 
 /// The OS seam: every probe of the live system the checks make, so tests can fake each answer.
@@ -114,6 +129,10 @@ class DoctorProbes {
   /// Asks the rendezvous for its clock kClockSamples times, a connection each (the daemon answers
   /// one clock per connection that has not joined); an error line when it cannot.
   virtual std::variant<ClockReading, std::string> read_clock(const PeerEndpoint& endpoint) = 0;
+  /// Runs `python` under `env` to import torch and ask it for its NCCL, up to
+  /// kTorchProbeTimeout; an error line when it cannot.
+  virtual std::variant<TorchNccl, std::string> torch_nccl(const std::string& python,
+                                                          const Environment& env) = 0;
 };
 
 /// The real system: statvfs, getaddrinfo, sockets, /proc.
@@ -129,6 +148,8 @@ class SystemDoctorProbes : public DoctorProbes {
   std::optional<std::string> listener_on(int port) override;
   ConnectResult connect(const PeerEndpoint& endpoint, std::chrono::milliseconds limit) override;
   std::variant<ClockReading, std::string> read_clock(const PeerEndpoint& endpoint) override;
+  std::variant<TorchNccl, std::string> torch_nccl(const std::string& python,
+                                                  const Environment& env) override;
 };
 
 /// 1. /dev/shm's free space against kShmFailBelowBytes / kShmWarnBelowBytes.
@@ -149,6 +170,9 @@ CheckResult check_memlock(const DoctorInputs& inputs);
 CheckResult check_hostname(const DoctorInputs& inputs, DoctorProbes& probes);
 /// 8. Clock skew against the rendezvous. Empty when no --rdzv-endpoint.
 std::vector<CheckResult> check_clock(const DoctorInputs& inputs, DoctorProbes& probes);
+/// 9. The NCCL torch runs against the one it ships with: a system libnccl picked up through
+/// LD_LIBRARY_PATH or LD_PRELOAD is a known cause of silent stalls. Empty when no python is set.
+std::vector<CheckResult> check_nccl(const DoctorInputs& inputs, DoctorProbes& probes);
 
 /// Every check, in the order the report prints them.
 std::vector<CheckResult> run_checks(const DoctorInputs& inputs, DoctorProbes& probes);

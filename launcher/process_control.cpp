@@ -84,6 +84,9 @@ std::string signal_name(int signal) {
 /// The guardian's whole life: collect process groups until the pipe closes; if the launcher did
 /// not send the all-clear (pgid 0) first, it died abruptly, so kill every group it had.
 [[noreturn]] void guard_groups(int read_fd) {
+  // Nothing else of the launcher's: a copy of a pipe or socket here would keep it open.
+  if (read_fd > 3) ::close_range(3, read_fd - 1, 0);
+  ::close_range(read_fd + 1, ~0U, 0);
   for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGPIPE}) ::signal(sig, SIG_IGN);
   std::vector<pid_t> groups;
   bool all_clear = false;
@@ -102,7 +105,9 @@ std::string signal_name(int signal) {
 PosixProcessControl::PosixProcessControl() {
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) == 0) {
-    // Double fork: the guardian must not be our child, or it would count as a live worker.
+    // Double fork: the guardian must not be our child, or it would count as a live worker. A
+    // subreaper (a second instance in one process) would adopt it back, so not while forking.
+    ::prctl(PR_SET_CHILD_SUBREAPER, 0);
     pid_t middle = ::fork();
     if (middle == 0) {
       ::close(fds[1]);

@@ -48,6 +48,11 @@ std::string quote_arg(const std::string& arg) {
 
 }  // namespace
 
+std::string worker_python(const Environment& env) {
+  auto exec = env.find("PYTHON_EXEC");
+  return exec != env.end() && !exec->second.empty() ? exec->second : "python3";
+}
+
 std::optional<std::string> find_executable(const std::string& name, const Environment& env) {
   if (name.find('/') != std::string::npos) return name;
   auto path = env.find("PATH");
@@ -106,8 +111,7 @@ std::variant<RankPlan, UsageError> build_rank_plan(const LaunchConfig& config,
   if (config.no_python) {
     plan.argv.push_back(config.script);
   } else {
-    auto exec = inherited.find("PYTHON_EXEC");
-    std::string python = exec != inherited.end() && !exec->second.empty() ? exec->second : "python3";
+    const std::string python = worker_python(inherited);
     auto resolved = find_executable(python, inherited);
     if (!resolved) return UsageError{"python interpreter not found: " + python + " (set PYTHON_EXEC)"};
     plan.argv = {*resolved, "-u"};  // Unbuffered, as torchrun runs it, so output is live.

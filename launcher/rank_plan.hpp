@@ -63,5 +63,7 @@ std::string format_topology(const std::vector<GpuDevice>& discovered, const Topo
 
 /// Looks `name` up on PATH the way execvp would; returns it unchanged if it has a slash.
 std::optional<std::string> find_executable(const std::string& name, const Environment& env);
+/// The interpreter workers run: $PYTHON_EXEC, else python3 (as torchrun's PYTHON_EXEC).
+std::string worker_python(const Environment& env);
 
 }  // namespace mcprun

@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <boost/asio/io_context.hpp>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -61,6 +63,10 @@ class FakeProbes : public DoctorProbes {
     return connect_result;
   }
   std::variant<ClockReading, std::string> read_clock(const PeerEndpoint&) override { return clock; }
+  std::variant<TorchNccl, std::string> torch_nccl(const std::string&, const Environment&) override {
+    return torch;
+  }
+  std::variant<TorchNccl, std::string> torch = TorchNccl{"1.13.0", "", "", "", {}, ""};
 };
 
 /// A node with eth0 at 10.0.0.2 routing to a master at 10.0.0.1.
@@ -570,6 +576,66 @@ TEST_F(DoctorTest, RunChecksCoversEveryCheckInOrder) {
   EXPECT_EQ(names,
             (std::vector<std::string>{"shm", "interface", "master-port", "rdzv-endpoint",
                                       "environment", "gpus", "memlock", "hostname", "clock"}));
+  inputs.python = "python3";
+  EXPECT_EQ(run_checks(inputs, probes).back().name, "nccl");
+}
+
+/// A CUDA build of torch as a pip install has it: NCCL from the nvidia-nccl-cu12 wheel.
+TorchNccl cuda_torch(std::string loaded, std::vector<std::string> libraries) {
+  return {"2.4.0+cu121", "12.1", std::move(loaded), "", std::move(libraries), "2.20.5"};
+}
+
+TEST_F(DoctorTest, NcclIsCheckedOnlyWithAPython) {
+  EXPECT_TRUE(check_nccl(inputs, probes).empty());
+  inputs.python = "python3";
+  auto results = check_nccl(inputs, probes);
+  ASSERT_EQ(results.size(), 1u);
+  EXPECT_EQ(results[0].status, CheckStatus::kOk);
+  EXPECT_EQ(results[0].finding, "torch 1.13.0 is a CPU build: no NCCL (gloo only)");
+}
+
+TEST_F(DoctorTest, NcclThatTorchShipsWithIsOk) {
+  inputs.python = "python3";
+  probes.torch = cuda_torch("2.20.5", {"/venv/nvidia/nccl/lib/libnccl.so.2"});
+  auto results = check_nccl(inputs, probes);
+  ASSERT_EQ(results.size(), 1u);
+  EXPECT_EQ(results[0].status, CheckStatus::kOk);
+  EXPECT_EQ(results[0].finding,
+            "torch 2.4.0+cu121 (CUDA 12.1) runs NCCL 2.20.5 from /venv/nvidia/nccl/lib/libnccl.so.2, "
+            "the version it ships with");
+}
+
+TEST_F(DoctorTest, NcclOtherThanTheShippedOneWarnsNamingTheLibrary) {
+  inputs.python = "python3";
+  probes.torch = cuda_torch("2.18.1", {"/usr/lib/x86_64-linux-gnu/libnccl.so.2.18.1"});
+  auto results = check_nccl(inputs, probes);
+  ASSERT_EQ(results.size(), 1u);
+  EXPECT_EQ(results[0].status, CheckStatus::kWarn);
+  EXPECT_EQ(results[0].finding,
+            "torch 2.4.0+cu121 ships with NCCL 2.20.5 but runs NCCL 2.18.1 from "
+            "/usr/lib/x86_64-linux-gnu/libnccl.so.2.18.1");
+  EXPECT_NE(results[0].remedy.find("LD_LIBRARY_PATH"), std::string::npos);
+}
+
+TEST_F(DoctorTest, TwoNcclLibrariesInOneProcessWarn) {
+  inputs.python = "python3";
+  probes.torch = cuda_torch("2.20.5", {"/opt/nccl/libnccl.so.2", "/venv/nvidia/nccl/lib/libnccl.so.2"});
+  auto results = check_nccl(inputs, probes);
+  ASSERT_EQ(results.size(), 1u);
+  EXPECT_EQ(results[0].status, CheckStatus::kWarn);
+  EXPECT_NE(results[0].finding.find("has 2 NCCL libraries mapped"), std::string::npos);
+}
+
+TEST_F(DoctorTest, NcclThatCannotLoadOrATorchThatCannotBeAskedWarns) {
+  inputs.python = "python3";
+  probes.torch = TorchNccl{"2.4.0+cu121", "12.1", "", "libnccl.so.2: cannot open shared object file", {}, ""};
+  EXPECT_EQ(check_nccl(inputs, probes).at(0).status, CheckStatus::kWarn);
+  probes.torch = std::string("cannot import torch: No module named 'torch'");
+  auto results = check_nccl(inputs, probes);
+  EXPECT_EQ(results.at(0).status, CheckStatus::kWarn);
+  EXPECT_EQ(results[0].finding,
+            "cannot ask python3 for torch's NCCL: cannot import torch: No module named 'torch'");
+  EXPECT_NE(results[0].remedy.find("PYTHON_EXEC"), std::string::npos);
 }
 
 TEST(DoctorEndpoint, ParsesHostPortBracketsAndUnix) {
@@ -676,6 +742,42 @@ TEST(SystemDoctorProbes, ReadsTheRendezvousClockBeforeAnyJoin) {
   const ClockReading& clock = std::get<ClockReading>(reading);
   EXPECT_LT(std::chrono::abs(clock.skew), 1s) << "one host, one clock";
   EXPECT_GE(clock.rtt.count(), 0);
+}
+
+TEST(SystemDoctorProbes, AsksDebiansTorchForItsNccl) {
+  SystemDoctorProbes probes;
+  auto torch = probes.torch_nccl("/usr/bin/python3", current_environment());
+  ASSERT_TRUE(std::holds_alternative<TorchNccl>(torch)) << std::get<std::string>(torch);
+  EXPECT_EQ(std::get<TorchNccl>(torch).torch_version.rfind("1.13", 0), 0u);
+  EXPECT_EQ(std::get<TorchNccl>(torch).cuda_version, "") << "Debian's torch is a CPU build";
+}
+
+TEST(SystemDoctorProbes, ReadsWhatTheInterpreterAnswersAndNamesOneThatDoesNot) {
+  const auto dir = std::filesystem::temp_directory_path() / ("doctor-python-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  auto interpreter = [&](const std::string& name, const std::string& body) {
+    const auto path = dir / name;
+    std::ofstream(path) << "#!/bin/sh\n" << body << "\n";
+    std::filesystem::permissions(path, std::filesystem::perms::owner_all);
+    return path.string();
+  };
+  SystemDoctorProbes probes;
+  auto answered = probes.torch_nccl(
+      interpreter("cuda-python", R"(echo '{"torch": "2.4.0", "cuda": "12.1", "loaded": "2.18.1", )"
+                                 R"("libraries": ["/usr/lib/libnccl.so.2"], "shipped": "2.20.5"}')"),
+      current_environment());
+  ASSERT_TRUE(std::holds_alternative<TorchNccl>(answered)) << std::get<std::string>(answered);
+  EXPECT_EQ(std::get<TorchNccl>(answered).loaded, "2.18.1");
+  EXPECT_EQ(std::get<TorchNccl>(answered).shipped, "2.20.5");
+  EXPECT_EQ(std::get<TorchNccl>(answered).libraries, std::vector<std::string>{"/usr/lib/libnccl.so.2"});
+
+  auto silent = probes.torch_nccl(interpreter("silent-python", "exit 1"), current_environment());
+  ASSERT_TRUE(std::holds_alternative<std::string>(silent));
+  EXPECT_NE(std::get<std::string>(silent).find("printed no answer (nothing)"), std::string::npos);
+  auto missing = probes.torch_nccl((dir / "no-such-python").string(), current_environment());
+  ASSERT_TRUE(std::holds_alternative<std::string>(missing));
+  EXPECT_NE(std::get<std::string>(missing).find("No such file"), std::string::npos) << std::get<std::string>(missing);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(SystemDoctorProbes, ReportsARefusedClock) {

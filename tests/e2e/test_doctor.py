@@ -9,7 +9,7 @@ import socket
 import subprocess
 
 from fake_sysfs import make_tree
-from harness import LauncherTestCase, wait_for
+from harness import PYTHON, LauncherTestCase, wait_for
 from test_rendezvous import RENDEZVOUSD
 
 LINE = re.compile(r"^(OK  |WARN|FAIL)  ([a-z-]+): (.+)$")
@@ -83,6 +83,22 @@ class Doctor(LauncherTestCase):
         self.assertEqual([c[1] for c in checks if c[1] in ("master-port", "rdzv-endpoint", "clock")], [],
                          "nothing to reach: no master or rendezvous given")
 
+    def test_nccl_is_asked_of_the_workers_torch(self):
+        import torch  # The workers' torch, as Python sees it.
+        _, out, _ = self.doctor(env=dict(self.env, PYTHON_EXEC=PYTHON))
+        nccl = self.findings(parse_report(out), "nccl")
+        if not torch.version.cuda:
+            self.assertEqual(nccl, [["OK", "nccl", f"torch {torch.__version__} is a CPU build: no NCCL (gloo only)", ""]])
+        no_torch = self.script("python-without-torch", "#!/bin/sh\nexec /usr/bin/python3 -I -S \"$@\"\n")
+        os.chmod(no_torch, 0o755)
+        _, out, _ = self.doctor(env=dict(self.env, PYTHON_EXEC=no_torch))
+        status, _, finding, remedy = self.findings(parse_report(out), "nccl")[0]
+        self.assertEqual(status, "WARN", out)
+        self.assertIn("cannot import torch", finding)
+        self.assertIn("PYTHON_EXEC", remedy)
+        _, out, _ = self.doctor("--no-torch")
+        self.assertEqual(self.findings(parse_report(out), "nccl"), [])
+
     def test_json_is_the_same_report(self):
         code, out, err = self.doctor("--json")
         report = json.loads(out)
@@ -150,8 +166,10 @@ class Doctor(LauncherTestCase):
         if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", small],
                           capture_output=True).returncode != 0:
             self.skipTest("cannot mount a tmpfs here")
-        self.addCleanup(subprocess.run, ["umount", small], check=False)
-        code, out, err = self.doctor("--shm", small)
+        try:
+            code, out, err = self.doctor("--shm", small)
+        finally:  # Before tearDown removes the folder it is mounted in.
+            subprocess.run(["umount", small], check=False)
         shm = self.findings(parse_report(out), "shm")[0]
         self.assertEqual((code, shm[0]), (1, "FAIL"), out)
         self.assertEqual(shm[2].split(",")[0], f"{small}: 64 MiB free of 64 MiB")
