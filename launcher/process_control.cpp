@@ -39,9 +39,13 @@ class SignalBlock {
 [[noreturn]] void exec_child(const SpawnRequest& request, char* const* argv, char* const* envp,
                              pid_t launcher, int report_fd) {
   auto fail = [&](const char* call) {
-    int saved = errno;
-    [[maybe_unused]] auto n1 = ::write(report_fd, call, std::strlen(call) + 1);
-    [[maybe_unused]] auto n2 = ::write(report_fd, &saved, sizeof saved);
+    const int saved = errno;
+    // One write: the parent's one read then always gets the call's name and its errno together.
+    char report[64] = {};
+    const size_t length = std::min(std::strlen(call), sizeof report - 1 - sizeof saved);
+    std::memcpy(report, call, length);
+    std::memcpy(report + length + 1, &saved, sizeof saved);
+    [[maybe_unused]] auto n = ::write(report_fd, report, length + 1 + sizeof saved);
     _exit(127);
   };
   if (::setpgid(0, 0) != 0) fail("setpgid");
