@@ -585,57 +585,56 @@ TorchNccl cuda_torch(std::string loaded, std::vector<std::string> libraries) {
   return {"2.4.0+cu121", "12.1", std::move(loaded), "", std::move(libraries), "2.20.5"};
 }
 
-TEST_F(DoctorTest, NcclIsCheckedOnlyWithAPython) {
-  EXPECT_TRUE(check_nccl(inputs, probes).empty());
+/// The nccl check's one finding about the torch `probes` plant.
+CheckResult nccl_finding(DoctorInputs inputs, FakeProbes& probes) {
   inputs.python = "python3";
   auto results = check_nccl(inputs, probes);
-  ASSERT_EQ(results.size(), 1u);
-  EXPECT_EQ(results[0].status, CheckStatus::kOk);
-  EXPECT_EQ(results[0].finding, "torch 1.13.0 is a CPU build: no NCCL (gloo only)");
+  EXPECT_EQ(results.size(), 1u);
+  return results.at(0);
+}
+
+TEST_F(DoctorTest, NcclIsCheckedOnlyWithAPython) {
+  EXPECT_TRUE(check_nccl(inputs, probes).empty());
+  const CheckResult result = nccl_finding(inputs, probes);
+  EXPECT_EQ(result.status, CheckStatus::kOk);
+  EXPECT_EQ(result.finding, "torch 1.13.0 is a CPU build: no NCCL (gloo only)");
 }
 
 TEST_F(DoctorTest, NcclThatTorchShipsWithIsOk) {
-  inputs.python = "python3";
   probes.torch = cuda_torch("2.20.5", {"/venv/nvidia/nccl/lib/libnccl.so.2"});
-  auto results = check_nccl(inputs, probes);
-  ASSERT_EQ(results.size(), 1u);
-  EXPECT_EQ(results[0].status, CheckStatus::kOk);
-  EXPECT_EQ(results[0].finding,
+  const CheckResult result = nccl_finding(inputs, probes);
+  EXPECT_EQ(result.status, CheckStatus::kOk);
+  EXPECT_EQ(result.finding,
             "torch 2.4.0+cu121 (CUDA 12.1) runs NCCL 2.20.5 from /venv/nvidia/nccl/lib/libnccl.so.2, "
             "the version it ships with");
 }
 
 TEST_F(DoctorTest, NcclOtherThanTheShippedOneWarnsNamingTheLibrary) {
-  inputs.python = "python3";
   probes.torch = cuda_torch("2.18.1", {"/usr/lib/x86_64-linux-gnu/libnccl.so.2.18.1"});
-  auto results = check_nccl(inputs, probes);
-  ASSERT_EQ(results.size(), 1u);
-  EXPECT_EQ(results[0].status, CheckStatus::kWarn);
-  EXPECT_EQ(results[0].finding,
+  const CheckResult result = nccl_finding(inputs, probes);
+  EXPECT_EQ(result.status, CheckStatus::kWarn);
+  EXPECT_EQ(result.finding,
             "torch 2.4.0+cu121 ships with NCCL 2.20.5 but runs NCCL 2.18.1 from "
             "/usr/lib/x86_64-linux-gnu/libnccl.so.2.18.1");
-  EXPECT_NE(results[0].remedy.find("LD_LIBRARY_PATH"), std::string::npos);
+  EXPECT_NE(result.remedy.find("LD_LIBRARY_PATH"), std::string::npos);
 }
 
 TEST_F(DoctorTest, TwoNcclLibrariesInOneProcessWarn) {
-  inputs.python = "python3";
   probes.torch = cuda_torch("2.20.5", {"/opt/nccl/libnccl.so.2", "/venv/nvidia/nccl/lib/libnccl.so.2"});
-  auto results = check_nccl(inputs, probes);
-  ASSERT_EQ(results.size(), 1u);
-  EXPECT_EQ(results[0].status, CheckStatus::kWarn);
-  EXPECT_NE(results[0].finding.find("has 2 NCCL libraries mapped"), std::string::npos);
+  const CheckResult result = nccl_finding(inputs, probes);
+  EXPECT_EQ(result.status, CheckStatus::kWarn);
+  EXPECT_NE(result.finding.find("has 2 NCCL libraries mapped"), std::string::npos);
 }
 
 TEST_F(DoctorTest, NcclThatCannotLoadOrATorchThatCannotBeAskedWarns) {
-  inputs.python = "python3";
   probes.torch = TorchNccl{"2.4.0+cu121", "12.1", "", "libnccl.so.2: cannot open shared object file", {}, ""};
-  EXPECT_EQ(check_nccl(inputs, probes).at(0).status, CheckStatus::kWarn);
+  EXPECT_EQ(nccl_finding(inputs, probes).status, CheckStatus::kWarn);
   probes.torch = std::string("cannot import torch: No module named 'torch'");
-  auto results = check_nccl(inputs, probes);
-  EXPECT_EQ(results.at(0).status, CheckStatus::kWarn);
-  EXPECT_EQ(results[0].finding,
+  const CheckResult result = nccl_finding(inputs, probes);
+  EXPECT_EQ(result.status, CheckStatus::kWarn);
+  EXPECT_EQ(result.finding,
             "cannot ask python3 for torch's NCCL: cannot import torch: No module named 'torch'");
-  EXPECT_NE(results[0].remedy.find("PYTHON_EXEC"), std::string::npos);
+  EXPECT_NE(result.remedy.find("PYTHON_EXEC"), std::string::npos);
 }
 
 TEST(DoctorEndpoint, ParsesHostPortBracketsAndUnix) {
