@@ -752,8 +752,7 @@ TEST(SystemDoctorProbes, AsksDebiansTorchForItsNccl) {
 }
 
 TEST(SystemDoctorProbes, ReadsWhatTheInterpreterAnswersAndNamesOneThatDoesNot) {
-  const auto dir = std::filesystem::temp_directory_path() / ("doctor-python-" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
+  const testing::TempDir dir("doctor-python");
   auto interpreter = [&](const std::string& name, const std::string& body) {
     const auto path = dir / name;
     std::ofstream(path) << "#!/bin/sh\n" << body << "\n";
@@ -776,7 +775,6 @@ TEST(SystemDoctorProbes, ReadsWhatTheInterpreterAnswersAndNamesOneThatDoesNot) {
   auto missing = probes.torch_nccl((dir / "no-such-python").string(), current_environment());
   ASSERT_TRUE(std::holds_alternative<std::string>(missing));
   EXPECT_NE(std::get<std::string>(missing).find("No such file"), std::string::npos) << std::get<std::string>(missing);
-  std::filesystem::remove_all(dir);
 }
 
 TEST(SystemDoctorProbes, ReportsARefusedClock) {

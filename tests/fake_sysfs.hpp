@@ -2,13 +2,12 @@
 // relative symlink into devices/pci<domain>:00/[<switch>/]<bdf>.
 #pragma once
 
-#include <stdlib.h>
-
 #include <filesystem>
 #include <fstream>
 #include <optional>
-#include <stdexcept>
 #include <string>
+
+#include "tests/temp_dir.hpp"
 
 namespace mcprun::testing {
 
@@ -29,19 +28,7 @@ struct FakePciDevice {
 /// A fresh temp sysfs root, removed with everything under it when the test ends.
 class FakeSysfs {
  public:
-  FakeSysfs() {
-    std::string pattern =
-        (std::filesystem::temp_directory_path() / "mcprun-sysfs-XXXXXX").string();
-    if (!::mkdtemp(pattern.data())) throw std::runtime_error("mkdtemp failed");
-    root_ = pattern;
-    std::filesystem::create_directories(root_ / "bus/pci/devices");
-  }
-  ~FakeSysfs() {
-    std::error_code ignored;
-    std::filesystem::remove_all(root_, ignored);
-  }
-  FakeSysfs(const FakeSysfs&) = delete;
-  FakeSysfs& operator=(const FakeSysfs&) = delete;
+  FakeSysfs() { std::filesystem::create_directories(root_ / "bus/pci/devices"); }
 
   const std::filesystem::path& root() const { return root_; }
 
@@ -70,7 +57,8 @@ class FakeSysfs {
   static void write(const std::filesystem::path& path, const std::string& value) {
     std::ofstream(path) << value << "\n";
   }
-  std::filesystem::path root_;
+  TempDir dir_{"mcprun-sysfs"};
+  const std::filesystem::path& root_ = dir_.path();
 };
 
 }  // namespace mcprun::testing

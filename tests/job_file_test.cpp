@@ -1,12 +1,12 @@
 #include "launcher/job_file.hpp"
 
 #include <gtest/gtest.h>
-#include <stdlib.h>
 
 #include <filesystem>
 #include <fstream>
 
 #include "launcher/launch_config.hpp"
+#include "tests/temp_dir.hpp"
 
 namespace mcprun {
 namespace {
@@ -14,14 +14,6 @@ namespace {
 /// A job file in a fresh temp folder, removed with the test.
 class JobFileTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string pattern =
-        (std::filesystem::temp_directory_path() / "job_file_test_XXXXXX").string();
-    ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
-    dir_ = pattern;
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-
   std::string write(const std::string& text) {
     const std::string path = (dir_ / "job.yaml").string();
     std::ofstream(path) << text;
@@ -40,7 +32,7 @@ class JobFileTest : public ::testing::Test {
     return error ? error->message : "";
   }
 
-  std::filesystem::path dir_;
+  testing::TempDir dir_{"job_file_test"};
 };
 
 TEST_F(JobFileTest, EveryKindOfFlagInBothSpellings) {

@@ -3,11 +3,12 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
-#include <stdlib.h>
 
+#include <filesystem>
 #include <fstream>
 
 #include "common/exit_status.hpp"
+#include "tests/temp_dir.hpp"
 
 namespace mcprun {
 namespace {
@@ -18,16 +19,11 @@ using namespace std::chrono_literals;
 class RunSummaryTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string pattern =
-        (std::filesystem::temp_directory_path() / "run_summary_test_XXXXXX").string();
-    ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
-    dir_ = pattern;
     config_.rdzv_id = "job42";
     config_.job_timeout = 1;
     config_.summary_json = (dir_ / "out" / "summary.json").string();
     config_.junit = (dir_ / "out" / "junit.xml").string();
   }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
 
   WorkerOutcome worker(int rank, int exit_code, int signal = 0, bool stopped = false) {
     WorkerOutcome outcome;
@@ -52,7 +48,7 @@ class RunSummaryTest : public ::testing::Test {
     return result;
   }
 
-  std::filesystem::path dir_;
+  testing::TempDir dir_{"run_summary_test"};
   LaunchConfig config_;
 };
 
