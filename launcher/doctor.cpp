@@ -1238,7 +1238,7 @@ std::variant<TorchNccl, std::string> SystemDoctorProbes::torch_nccl(const std::s
     output.append(chunk, static_cast<size_t>(n));
   }
   // It exits right after closing its stdout; one that lingers is killed.
-  const auto exit_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  const auto exit_deadline = std::chrono::steady_clock::now() + kTorchProbeExitTimeout;
   for (bool killed = false; !control.reap_one(*pid); ::usleep(1000)) {
     if (!killed && std::chrono::steady_clock::now() > exit_deadline) {
       control.signal_group(*pid, SIGKILL);

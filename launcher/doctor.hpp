@@ -34,6 +34,8 @@ inline constexpr std::chrono::milliseconds kClockFailAbove{30000};
 /// How long the workers' python may take to import torch and report its NCCL (a cold import
 /// from a network filesystem takes tens of seconds).
 inline constexpr std::chrono::seconds kTorchProbeTimeout{60};
+/// How long that python may take to exit once it has answered, before it is killed.
+inline constexpr std::chrono::seconds kTorchProbeExitTimeout{5};
 
 /// How a check came out; FAIL makes `mcprun doctor` exit 1.
 enum class CheckStatus { kOk, kWarn, kFail };
