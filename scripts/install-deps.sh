@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Installs mcprun's build and test dependencies from Debian's packages. Safe to run twice: it
-# only calls apt-get when something is missing.
+# Installs mcprun's build and test dependencies: Debian's packages, and a git-ignored virtual
+# environment (.venv) with torch 2.13 from PyPI beside Debian's torch 1.13, so that every end-to-end
+# test runs on both. Safe to run twice: it only installs what is missing.
 set -euo pipefail
 
 packages=(
   build-essential cmake
   libboost-dev libyaml-cpp-dev libspdlog-dev libcli11-dev nlohmann-json3-dev libgtest-dev
   python3 python3-torch  # Debian's torch 1.13: the example, the end-to-end tests, torchrun to compare
+  python3-venv           # .venv: torch 2.13, its torchrun, and py-spy for stack dumps
   iproute2 procps
 )
 missing=()
@@ -15,11 +17,23 @@ for package in "${packages[@]}"; do
     missing+=("$package")
 done
 if [ ${#missing[@]} -eq 0 ]; then
-  echo "install-deps: all ${#packages[@]} packages present"
-  exit 0
+  echo "install-deps: all ${#packages[@]} Debian packages present"
+else
+  sudo=()
+  [ "$(id -u)" -eq 0 ] || sudo=(sudo)
+  echo "install-deps: installing ${missing[*]}"
+  "${sudo[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
-sudo=()
-[ "$(id -u)" -eq 0 ] || sudo=(sudo)
-echo "install-deps: installing ${missing[*]}"
-"${sudo[@]}" apt-get update -qq
-DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+
+# Debian's own Python 3.11, so the venv works on any Debian 12 box.
+venv="$(cd "$(dirname "$0")/.." && pwd)/.venv"
+torch2=2.13.0
+if [ "$("$venv/bin/python" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null)" = "$torch2" ] &&
+   [ -x "$venv/bin/py-spy" ]; then
+  echo "install-deps: $venv has torch $torch2 and py-spy"
+else
+  echo "install-deps: creating $venv with torch $torch2 and py-spy"
+  /usr/bin/python3 -m venv "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check "torch==$torch2" numpy py-spy
+fi

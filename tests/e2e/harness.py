@@ -9,6 +9,11 @@ import unittest
 
 MCPRUN = os.environ.get("MCPRUN", os.path.join(os.path.dirname(__file__), "../../build/launcher/mcprun"))
 PYTHON = os.environ.get("PYTHON_EXEC", "/usr/bin/python3")
+# torchrun of the same torch as PYTHON: the side-by-side reference.
+TORCHRUN = os.path.join(os.path.dirname(PYTHON), "torchrun")
+TORCH_VERSION = subprocess.run([PYTHON, "-c", "import torch; print(torch.__version__.split('+')[0])"],
+                               capture_output=True, text=True).stdout.strip()
+TORCH2 = TORCH_VERSION.split(".")[0] == "2"
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "../.."))
 
 

@@ -6,7 +6,7 @@ import socket
 import subprocess
 import time
 
-from harness import MCPRUN, PYTHON, REPO, LauncherTestCase, alive, wait_for
+from harness import MCPRUN, PYTHON, REPO, TORCHRUN, LauncherTestCase, alive, wait_for
 import fake_sysfs
 
 # A worker that records its pid, then behaves as $BEHAVIOUR_<local rank> says (default: sleep).
@@ -48,7 +48,7 @@ with open(os.path.join(sys.argv[1], "env.%s.json" % os.environ["RANK"]), "w") as
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         # Debian's torch 1.13 on Python 3.11 crashes with torchrun's default redirects.
-        subprocess.run(["/usr/bin/torchrun", "--nproc_per_node", "2", "--max_restarts", "1",
+        subprocess.run([TORCHRUN, "--nproc_per_node", "2", "--max_restarts", "1",
                         "--master_port", str(port), "-r", "1", "-t", "1", dump, theirs],
                        env=self.env, check=True, capture_output=True, timeout=120)
         for rank in range(2):
