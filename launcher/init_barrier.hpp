@@ -18,8 +18,10 @@ using PeerPorts = std::map<std::string, std::vector<int>>;
 
 class InitBarrierWatch {
  public:
-  InitBarrierWatch(int restart_count, int world_size)
-      : restart_count_(restart_count), world_size_(world_size) {}
+  /// `barrier_runs`: torch runs its store barrier (TORCH_DIST_INIT_BARRIER is not "0"). Without
+  /// it, init counts as passed once every rank has published its process-group keys.
+  InitBarrierWatch(int world_size, bool barrier_runs)
+      : world_size_(world_size), barrier_runs_(barrier_runs) {}
 
   /// Feeds one store event (the store reports every connection and counter change).
   void observe(const StoreEvent& event);
@@ -29,11 +31,12 @@ class InitBarrierWatch {
   PeerPorts arrived() const;
 
  private:
-  int restart_count_;
+  using Peer = std::pair<std::string, int>;
   int world_size_;
+  bool barrier_runs_;
   bool passed_ = false;
   bool connected_ever_ = false;
-  std::set<std::pair<std::string, int>> arrived_;
+  std::set<Peer> arrived_;
 };
 
 }  // namespace mcprun

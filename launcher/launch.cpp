@@ -16,6 +16,7 @@
 #include "launcher/failure_report.hpp"
 #include "launcher/operator_command.hpp"
 #include "launcher/stall_report.hpp"
+#include "launcher/torch_keys.hpp"
 
 namespace mcprun {
 
@@ -221,7 +222,7 @@ int Launch::run() {
     if (!serve_store_if_master()) return kExitFailure;
     summary_.stall_ranks.clear();
     reported_nodes_.clear();
-    watch_->begin_attempt(restart_count, plan_->job.world_size, plan_->job.master_port, stall_hooks());
+    watch_->begin_attempt(plan_->job.world_size, plan_->job.master_port, stall_hooks());
     summary_.begin_attempt();
     AttemptResult result = group_->run_attempt(restart_count, run_dir_->attempt(attempt));
     summary_.end_attempt(result, run_dir_->attempt(attempt), plan_->job.world_size);
@@ -304,7 +305,14 @@ std::optional<int> Launch::prepare_supervision() {
     spdlog::error("{}", error);
     return kExitFailure;
   }
-  watch_ = std::make_unique<StallWatch>(io_, config_.stall, host_, run_dir_->runtime_dir());
+  StallSettings stall = config_.stall;
+  if (auto it = inherited_.find(std::string(torch_keys::kInitBarrierSwitch));
+      it != inherited_.end() && it->second == "0" && stall.init_timeout > 0) {
+    stall.torch_init_barrier = false;
+    spdlog::info("{}=0: torch 2.x runs no init barrier, so --init-timeout waits for every rank to "
+                 "publish its process-group address instead", torch_keys::kInitBarrierSwitch);
+  }
+  watch_ = std::make_unique<StallWatch>(io_, stall, host_, run_dir_->runtime_dir());
   for (auto& [name, value] : watch_->worker_env()) plan_->extra_env[name] = value;
   if (auto helper = python_helper_dir()) {
     auto inherited_path = inherited_.find("PYTHONPATH");
@@ -404,7 +412,10 @@ bool Launch::serve_store_if_master() {
     watch_->stop_hosting_store();
     return true;
   }
-  if (watch_->hosts_store()) return true;
+  if (watch_->hosts_store()) {
+    watch_->renew_store();  // Nothing of the last attempt's (gloo addresses, counters) may leak.
+    return true;
+  }
   std::string error;
   auto acceptor = store_acceptor(io_, plan_->job.master_port, reservation_, &error);
   if (!acceptor) {

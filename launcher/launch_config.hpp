@@ -15,6 +15,8 @@ struct StallSettings {
   double init_timeout = 120;      ///< --init-timeout: the whole world past the init barrier.
   double heartbeat_timeout = 300; ///< --heartbeat-timeout: for ranks that called heartbeat().
   double silence_timeout = 0;     ///< --silence-timeout: no output for this long; 0 = off.
+  /// TORCH_DIST_INIT_BARRIER is not "0", so torch runs its store barrier at init.
+  bool torch_init_barrier = true;
 };
 
 /// Which of a worker's streams go to files only (redirect) or to files and console (tee).
@@ -70,6 +72,7 @@ struct LaunchConfig {
   bool stack_dumps = true;              ///< On a stall, dump stacks before stopping (--no-stack-dumps).
   bool dry_run = false;
   bool no_pin = false;
+  bool virtual_local_rank = false;      ///< --virtual-local-rank: one visible GPU, LOCAL_RANK=0.
   std::optional<std::string> gpus;      ///< --gpus subset, CUDA_VISIBLE_DEVICES syntax.
   enum class CpuBind { kNone, kNuma } bind = CpuBind::kNone;
   bool verbose = false;

@@ -125,17 +125,29 @@ std::variant<RankPlan, UsageError> build_rank_plan(const LaunchConfig& config,
   const int group_world_size = config.uses_rendezvous() ? 1 : config.max_nodes;
   plan.job = JobIdentity{config.master_addr, master_port, config.rdzv_id, config.role,
                          config.max_restarts, nproc, nproc * group_world_size, group_rank,
-                         group_world_size};
+                         group_world_size, config.virtual_local_rank};
+  // Every worker sees the job's GPUs in topology order, so cuda:LOCAL_RANK is the GPU chosen for
+  // that rank and set_device(LOCAL_RANK) works unchanged; GPUs beyond nproc stay hidden.
+  std::vector<std::string> job_gpus;
+  if (plan.pinned)
+    for (int local_rank = 0; local_rank < nproc; ++local_rank)
+      job_gpus.push_back(order.gpus[local_rank].cuda_visible_name());
   for (int local_rank = 0; local_rank < nproc; ++local_rank) {
     RankSlot slot;
     slot.identity.local_rank = local_rank;
     slot.identity.rank = group_rank * nproc + local_rank;
     if (plan.pinned) {
       slot.identity.gpu = order.gpus[local_rank];
+      slot.identity.visible_gpus = config.virtual_local_rank
+                                       ? std::vector<std::string>{job_gpus[local_rank]}
+                                       : job_gpus;
       if (config.bind == LaunchConfig::CpuBind::kNuma) slot.cpus = order.gpus[local_rank].local_cpus;
     }
     plan.slots.push_back(std::move(slot));
   }
+  if (config.virtual_local_rank && !plan.pinned)
+    plan.warnings.push_back("--virtual-local-rank sets LOCAL_RANK=0 for every worker of an "
+                            "unpinned job: ranks on one node can no longer tell their GPU apart");
   if (config.bind == LaunchConfig::CpuBind::kNuma && !plan.pinned)
     plan.warnings.push_back("--bind numa has no effect without pinned GPUs");
   if (config.nccl_debug)
@@ -216,9 +228,11 @@ std::string format_topology(const std::vector<GpuDevice>& discovered, const Topo
   if (!order.error.empty()) out << "allowed set: " << order.error << "\n";
   out << "rank mapping (NUMA node, then PCIe switch, then bus id):\n";
   if (order.gpus.empty()) out << "  none: workers run unpinned on CPU\n";
+  std::string visible;
+  for (const GpuDevice& gpu : order.gpus) visible += (visible.empty() ? "" : ",") + gpu.cuda_visible_name();
+  if (!order.gpus.empty()) out << "  every worker: CUDA_VISIBLE_DEVICES=" << visible << "\n";
   for (size_t rank = 0; rank < order.gpus.size(); ++rank)
-    out << "  local rank " << rank << " -> " << order.gpus[rank].bus_id
-        << "  CUDA_VISIBLE_DEVICES=" << order.gpus[rank].cuda_visible_name() << "\n";
+    out << "  local rank " << rank << " -> cuda:" << rank << " = " << order.gpus[rank].bus_id << "\n";
   return out.str();
 }
 

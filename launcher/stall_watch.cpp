@@ -51,8 +51,11 @@ void StallWatch::host_store(boost::asio::ip::tcp::acceptor acceptor) {
                                             [this](const StoreEvent& event) { on_store_event(event); });
 }
 
-void StallWatch::begin_attempt(int restart_count, int world_size, int master_port,
-                               StallHooks hooks) {
+void StallWatch::renew_store() {
+  if (store_) store_->reset();
+}
+
+void StallWatch::begin_attempt(int world_size, int master_port, StallHooks hooks) {
   end_attempt();
   armed_ = true;
   world_size_ = world_size;
@@ -60,7 +63,7 @@ void StallWatch::begin_attempt(int restart_count, int world_size, int master_por
   hooks_ = std::move(hooks);
   attempt_start_ = Clock::now();
   if (store_ && settings_.init_timeout > 0) {
-    init_.emplace(restart_count, world_size);
+    init_.emplace(world_size, settings_.torch_init_barrier);
     arm_init_deadline();
   }
   arm_activity_deadline();

@@ -60,10 +60,13 @@ class StallWatch {
   /// Serves the job store on `acceptor`: this node is the job's master.
   void host_store(boost::asio::ip::tcp::acceptor acceptor);
   void stop_hosting_store() { store_.reset(); }
+  /// Empties the store and closes every connection: each attempt gets a store of its own, as
+  /// torch 2.x expects (its env:// keys carry no attempt number).
+  void renew_store();
   bool hosts_store() const { return store_ != nullptr; }
 
   /// Arms every watchdog for one attempt of `world_size` ranks; `master_port` is the store's.
-  void begin_attempt(int restart_count, int world_size, int master_port, StallHooks hooks);
+  void begin_attempt(int world_size, int master_port, StallHooks hooks);
   /// Disarms them; nothing fires until the next begin_attempt.
   void end_attempt();
   /// Every rank of the job reached barrier `name`: answer the local ones.

@@ -359,6 +359,15 @@ void StoreState::drop_connection(uint64_t connection) {
   watched_by_.erase(watched);
 }
 
+void StoreState::clear() {
+  values_.clear();
+  queues_.clear();
+  waiting_on_.clear();
+  waiters_.clear();
+  watchers_.clear();
+  watched_by_.clear();
+}
+
 // --- StoreProtocol ------------------------------------------------------------------------------
 
 /// Reads one request's fields from the bytes that have arrived. A read past the end returns false
@@ -631,6 +640,8 @@ class TcpStoreService : public StoreOutlet, public std::enable_shared_from_this<
   void start() { accept(); }
   /// Stops accepting and closes every session, without telling the listener any more.
   void stop();
+  /// Closes every session and empties the state; accepting goes on.
+  void reset();
 
   unsigned short port() const { return port_; }
   size_t connection_count() const { return sessions_.size(); }
@@ -794,6 +805,12 @@ void TcpStoreService::stop() {
   sessions_.clear();
 }
 
+void TcpStoreService::reset() {
+  for (auto& [id, session] : sessions_) session->shut();
+  sessions_.clear();
+  state_.clear();
+}
+
 void TcpStoreService::accept() {
   acceptor_.async_accept(
       [self = shared_from_this()](const boost::system::error_code& ec, tcp::socket socket) {
@@ -856,5 +873,7 @@ TcpStoreServer::~TcpStoreServer() { service_->stop(); }
 unsigned short TcpStoreServer::port() const { return service_->port(); }
 
 size_t TcpStoreServer::connection_count() const { return service_->connection_count(); }
+
+void TcpStoreServer::reset() { service_->reset(); }
 
 }  // namespace mcprun

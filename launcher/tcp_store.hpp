@@ -104,6 +104,8 @@ class StoreState {
 
   /// Forgets everything `connection` waited on or watched; it has closed.
   void drop_connection(uint64_t connection);
+  /// Forgets every key, queue, wait and watch.
+  void clear();
   size_t waiter_count() const { return waiters_.size(); }
 
  private:
@@ -178,6 +180,9 @@ class TcpStoreServer {
 
   unsigned short port() const;
   size_t connection_count() const;
+  /// Closes every connection and forgets every key, keeping the listening socket: a new store
+  /// on the same port.
+  void reset();
 
  private:
   std::shared_ptr<TcpStoreService> service_;

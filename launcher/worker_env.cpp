@@ -45,7 +45,7 @@ Environment worker_env_delta(const JobIdentity& job, const WorkerIdentity& worke
     return it == inherited.end() ? std::string(fallback) : it->second;
   };
   Environment env{
-      {"LOCAL_RANK", std::to_string(worker.local_rank)},
+      {"LOCAL_RANK", std::to_string(job.virtual_local_rank ? 0 : worker.local_rank)},
       {"RANK", std::to_string(worker.rank)},
       {"GROUP_RANK", std::to_string(job.group_rank)},
       {"ROLE_RANK", std::to_string(worker.rank)},
@@ -70,8 +70,10 @@ Environment worker_env_delta(const JobIdentity& job, const WorkerIdentity& worke
   };
   if (!inherited.contains("OMP_NUM_THREADS") && job.local_world_size > 1)
     env["OMP_NUM_THREADS"] = "1";
-  if (worker.gpu) {
-    env["CUDA_VISIBLE_DEVICES"] = worker.gpu->cuda_visible_name();
+  if (!worker.visible_gpus.empty()) {
+    std::string visible;
+    for (const auto& gpu : worker.visible_gpus) visible += (visible.empty() ? "" : ",") + gpu;
+    env["CUDA_VISIBLE_DEVICES"] = visible;
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID";  // Makes an index mean the PCI order we sorted by.
   }
   return env;
@@ -91,7 +93,8 @@ std::vector<std::string> merge_environment(const Environment& inherited, const E
 
 std::vector<std::string> environment_warnings(const JobIdentity& job, const Environment& inherited) {
   std::vector<std::string> warnings;
-  WorkerIdentity first{0, job.group_rank * job.local_world_size, std::nullopt};
+  WorkerIdentity first;
+  first.rank = job.group_rank * job.local_world_size;
   Environment ours = worker_env_delta(job, first, 0, "", inherited);
   for (const auto& [name, value] : inherited) {
     if (!owned_by_launcher(name)) continue;

@@ -30,13 +30,18 @@ struct JobIdentity {
   int world_size = 1;
   int group_rank = 0;
   int group_world_size = 1;
+  /// torchrun 2.x's --virtual-local-rank: each worker sees only its own GPU, and LOCAL_RANK=0.
+  bool virtual_local_rank = false;
 };
 
 /// One worker's place in the job.
 struct WorkerIdentity {
   int local_rank = 0;
   int rank = 0;
-  std::optional<GpuDevice> gpu;  ///< Set when the worker is pinned.
+  std::optional<GpuDevice> gpu;  ///< Set when the worker is pinned: the GPU cuda:LOCAL_RANK is.
+  /// CUDA_VISIBLE_DEVICES entries, in the order CUDA numbers them: every GPU of the node, so that
+  /// `cuda:LOCAL_RANK` is `gpu` (or `gpu` alone under --virtual-local-rank). Empty: not pinned.
+  std::vector<std::string> visible_gpus;
 };
 
 /// The variables mcprun sets for one worker, i.e. the delta over the inherited environment.

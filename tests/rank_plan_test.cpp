@@ -55,6 +55,12 @@ TEST_F(RankPlanTest, LocalRanksFollowTopologyAndPinOneGpuEach) {
   EXPECT_EQ(order, (std::vector<std::string>{"0000:1a:00.0", "0000:5e:00.0", "0000:3b:00.0",
                                              "0000:86:00.0"}));
   EXPECT_EQ(plan.slots[2].cpus, std::vector<int>{1});
+  // cuda:LOCAL_RANK is the rank's GPU: every worker sees the job's GPUs in rank order.
+  for (const RankSlot& slot : plan.slots) {
+    EXPECT_EQ(slot.identity.visible_gpus, (std::vector<std::string>{"0", "2", "1", "3"}));
+    EXPECT_EQ(slot.identity.visible_gpus[slot.identity.local_rank],
+              std::to_string(slot.identity.gpu->pci_index));
+  }
   EXPECT_EQ(plan.argv, (std::vector<std::string>{"/bin/sh", "-u", script_.string()}));
 }
 
@@ -79,6 +85,22 @@ TEST_F(RankPlanTest, InheritedVisibleDevicesIsTheAllowedSet) {
   ASSERT_EQ(plan.slots.size(), 2u);
   EXPECT_EQ(plan.slots[0].identity.gpu->bus_id, "0000:1a:00.0");
   EXPECT_EQ(plan.slots[1].identity.gpu->bus_id, "0000:86:00.0");
+  EXPECT_EQ(plan.slots[1].identity.visible_gpus, (std::vector<std::string>{"0", "3"}));
+}
+
+TEST_F(RankPlanTest, FewerRanksThanGpusSeeOnlyTheirOwn) {
+  auto planned = build_rank_plan(config(2), interleaved_box(), env_, 1);
+  const RankPlan& plan = std::get<RankPlan>(planned);
+  EXPECT_EQ(plan.slots[1].identity.visible_gpus, (std::vector<std::string>{"0", "2"}));
+}
+
+TEST_F(RankPlanTest, VirtualLocalRankGivesEachWorkerItsGpuAlone) {
+  LaunchConfig cfg = config(4);
+  cfg.virtual_local_rank = true;
+  const RankPlan plan = std::get<RankPlan>(build_rank_plan(cfg, interleaved_box(), env_, 1));
+  EXPECT_TRUE(plan.job.virtual_local_rank);
+  EXPECT_EQ(plan.slots[1].identity.visible_gpus, std::vector<std::string>{"2"});
+  EXPECT_EQ(plan.slots[2].identity.visible_gpus, std::vector<std::string>{"1"});
 }
 
 TEST_F(RankPlanTest, NoGpuIsACpuRunButGpuModeIsAnError) {
@@ -107,7 +129,7 @@ TEST_F(RankPlanTest, DryRunShowsGpuCpusEnvAndArgv) {
   const std::string text = format_rank_plan(std::get<RankPlan>(planned), env_);
   EXPECT_NE(text.find("local rank 1 (rank 1)"), std::string::npos);
   EXPECT_NE(text.find("0000:5e:00.0"), std::string::npos);
-  EXPECT_NE(text.find("CUDA_VISIBLE_DEVICES=2"), std::string::npos);
+  EXPECT_NE(text.find("CUDA_VISIBLE_DEVICES=0,2\n"), std::string::npos);
   EXPECT_NE(text.find("MASTER_PORT=29777"), std::string::npos);
   EXPECT_NE(text.find("--lr 3e-4"), std::string::npos);
 }

@@ -4,10 +4,8 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <unistd.h>
 
-#include "launcher/init_barrier.hpp"
 #include "launcher/proc_sockets.hpp"
 #include "launcher/stall_report.hpp"
-#include "launcher/torch_keys.hpp"
 
 namespace mcprun {
 namespace {
@@ -81,40 +79,6 @@ TEST(StallReport, NoticeAndProgressSurviveTheWire) {
   EXPECT_EQ(copy.level, RankProgress::kNotConnected);
   EXPECT_EQ(copy.state, progress.state);
   EXPECT_EQ(copy.stack_file, progress.stack_file);
-}
-
-TEST(TorchKeys, RecognisesOnlyThisAttemptsDefaultGroupBarrier) {
-  EXPECT_TRUE(torch_keys::is_init_barrier("/worker/attempt_0/default_pg/store_based_barrier_key:1", 0));
-  EXPECT_TRUE(torch_keys::is_init_barrier("/worker/attempt_2/default_pg/store_based_barrier_key:0", 2));
-  EXPECT_FALSE(torch_keys::is_init_barrier("/worker/attempt_1/default_pg/store_based_barrier_key:1", 0));
-  EXPECT_FALSE(torch_keys::is_init_barrier("/worker/attempt_0/default_pg/store_based_barrier_key:0/last_worker", 0));
-  EXPECT_FALSE(torch_keys::is_init_barrier("/worker/attempt_0/default_pg/0/1", 0));
-}
-
-StoreEvent add(const char* key, int64_t value, unsigned short port) {
-  StoreEvent event;
-  event.kind = StoreEvent::Kind::kAdd;
-  event.key = key;
-  event.value = value;
-  event.peer = tcp::endpoint(make_address("127.0.0.1"), port);
-  return event;
-}
-
-TEST(InitBarrierWatch, PassesWhenTheCounterReachesTheWorld) {
-  InitBarrierWatch watch(0, 2);
-  EXPECT_FALSE(watch.any_connected());
-  StoreEvent connected;
-  connected.kind = StoreEvent::Kind::kConnected;
-  watch.observe(connected);
-  EXPECT_TRUE(watch.any_connected());
-  watch.observe(add("init/", 1, 5000));
-  watch.observe(add("/worker/attempt_1/default_pg/store_based_barrier_key:1", 1, 5000));
-  EXPECT_TRUE(watch.arrived().empty()) << "another attempt's barrier";
-  watch.observe(add("/worker/attempt_0/default_pg/store_based_barrier_key:1", 1, 5001));
-  EXPECT_FALSE(watch.passed());
-  EXPECT_EQ(watch.arrived(), (PeerPorts{{"127.0.0.1", {5001}}}));
-  watch.observe(add("/worker/attempt_0/default_pg/store_based_barrier_key:1", 2, 5002));
-  EXPECT_TRUE(watch.passed());
 }
 
 TEST(ProcSockets, FindsThisProcessesConnectionToAPort) {

@@ -395,6 +395,30 @@ TEST_F(TcpStoreServerTest, DestroyingTheServerWithWorkInFlightIsSafe) {
   EXPECT_EQ(ec, asio::error::eof);
 }
 
+TEST_F(TcpStoreServerTest, ResetIsANewStoreOnTheSamePort) {
+  TcpStoreServer server(io, bound_acceptor());
+  const unsigned short port = server.port();
+  tcp::socket old_attempt = connect(port);
+  asio::write(old_attempt, asio::buffer(query(torch1::kSet) + str("/default_pg/0//cpu//0/1") +
+                                        str("stale") + query(torch1::kAdd) + str("barrier") +
+                                        raw<int64_t>(3)));
+  EXPECT_EQ(receive(old_attempt, 8), raw<int64_t>(3));
+  server.reset();
+  old_attempt.non_blocking(true);
+  EXPECT_TRUE(serve_until([&] {
+    char byte;
+    boost::system::error_code ec;
+    old_attempt.read_some(asio::buffer(&byte, 1), ec);
+    return ec == asio::error::eof;
+  })) << "the last attempt's connections are closed";
+
+  tcp::socket next_attempt = connect(port);
+  asio::write(next_attempt, asio::buffer(query(torch1::kNumKeys) + query(torch1::kAdd) +
+                                         str("barrier") + raw<int64_t>(1)));
+  EXPECT_EQ(receive(next_attempt, 16), raw<int64_t>(0) + raw<int64_t>(1))
+      << "no key or counter of the last attempt is left";
+}
+
 TEST_F(TcpStoreServerTest, TakesAnAcceptorThatIsAlreadyListening) {
   tcp::acceptor acceptor = bound_acceptor();
   acceptor.listen();

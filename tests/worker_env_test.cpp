@@ -8,11 +8,18 @@ namespace mcprun {
 namespace {
 
 JobIdentity four_rank_job() {
-  return JobIdentity{"127.0.0.1", 29511, "job7", "trainer", 2, 4, 4, 0, 1};
+  return JobIdentity{"127.0.0.1", 29511, "job7", "trainer", 2, 4, 4, 0, 1, false};
+}
+
+WorkerIdentity worker(int local_rank, std::vector<std::string> visible_gpus = {}) {
+  WorkerIdentity identity;
+  identity.local_rank = identity.rank = local_rank;
+  identity.visible_gpus = std::move(visible_gpus);
+  return identity;
 }
 
 TEST(WorkerEnv, TorchrunContract) {
-  Environment env = worker_env_delta(four_rank_job(), WorkerIdentity{2, 2, std::nullopt}, 1,
+  Environment env = worker_env_delta(four_rank_job(), worker(2), 1,
                                      "/run/attempt_1/2/error.json", {});
   EXPECT_EQ(env["RANK"], "2");
   EXPECT_EQ(env["LOCAL_RANK"], "2");
@@ -37,24 +44,29 @@ TEST(WorkerEnv, TorchrunContract) {
 
 TEST(WorkerEnv, UserSettingsKept) {
   Environment inherited{{"OMP_NUM_THREADS", "6"}, {"NCCL_ASYNC_ERROR_HANDLING", "0"}};
-  Environment env = worker_env_delta(four_rank_job(), {0, 0, std::nullopt}, 0, "e", inherited);
+  Environment env = worker_env_delta(four_rank_job(), worker(0), 0, "e", inherited);
   EXPECT_FALSE(env.contains("OMP_NUM_THREADS"));
   EXPECT_EQ(env["NCCL_ASYNC_ERROR_HANDLING"], "0");
   JobIdentity single = four_rank_job();
   single.local_world_size = single.world_size = 1;
-  EXPECT_FALSE(worker_env_delta(single, {0, 0, std::nullopt}, 0, "e", {}).contains("OMP_NUM_THREADS"));
+  EXPECT_FALSE(worker_env_delta(single, worker(0), 0, "e", {}).contains("OMP_NUM_THREADS"));
 }
 
-TEST(WorkerEnv, PinnedWorkerSeesExactlyItsGpu) {
-  GpuDevice gpu;
-  gpu.bus_id = "0000:3b:00.0";
-  gpu.pci_index = 1;
-  Environment env = worker_env_delta(four_rank_job(), {0, 0, gpu}, 0, "e", {});
-  EXPECT_EQ(env["CUDA_VISIBLE_DEVICES"], "1");
+TEST(WorkerEnv, PinnedWorkerSeesTheNodesGpusSoLocalRankIndexesThem) {
+  Environment env = worker_env_delta(four_rank_job(), worker(2, {"GPU-a", "GPU-b", "GPU-c", "GPU-d"}),
+                                     0, "e", {});
+  EXPECT_EQ(env["CUDA_VISIBLE_DEVICES"], "GPU-a,GPU-b,GPU-c,GPU-d");
+  EXPECT_EQ(env["LOCAL_RANK"], "2");
   EXPECT_EQ(env["CUDA_DEVICE_ORDER"], "PCI_BUS_ID");
-  gpu.uuid = "GPU-abc";
-  EXPECT_EQ(worker_env_delta(four_rank_job(), {0, 0, gpu}, 0, "e", {})["CUDA_VISIBLE_DEVICES"],
-            "GPU-abc");
+}
+
+TEST(WorkerEnv, VirtualLocalRankIsZeroWithOneVisibleGpu) {
+  JobIdentity job = four_rank_job();
+  job.virtual_local_rank = true;
+  Environment env = worker_env_delta(job, worker(3, {"5"}), 0, "e", {});
+  EXPECT_EQ(env["CUDA_VISIBLE_DEVICES"], "5");
+  EXPECT_EQ(env["LOCAL_RANK"], "0");
+  EXPECT_EQ(env["RANK"], "3");
 }
 
 TEST(WorkerEnv, InheritedLauncherVariablesAreReplacedWithAWarning) {
@@ -73,7 +85,7 @@ TEST(WorkerEnv, InheritedLauncherVariablesAreReplacedWithAWarning) {
   EXPECT_TRUE(mentions("RANK='5'", "per-worker"));
   EXPECT_TRUE(mentions("TORCHELASTIC_RUN_ID='old'", "'job7'"));
 
-  auto merged = merge_environment(inherited, worker_env_delta(four_rank_job(), {1, 1, std::nullopt},
+  auto merged = merge_environment(inherited, worker_env_delta(four_rank_job(), worker(1),
                                                               0, "e", inherited));
   auto has = [&](const std::string& entry) {
     return std::find(merged.begin(), merged.end(), entry) != merged.end();

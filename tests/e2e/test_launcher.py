@@ -6,7 +6,7 @@ import socket
 import subprocess
 import time
 
-from harness import MCPRUN, PYTHON, REPO, TORCHRUN, LauncherTestCase, alive, wait_for
+from harness import MCPRUN, PYTHON, REPO, TORCHRUN, TORCH_VERSION, LauncherTestCase, alive, wait_for
 import fake_sysfs
 
 # A worker that records its pid, then behaves as $BEHAVIOUR_<local rank> says (default: sleep).
@@ -25,18 +25,17 @@ class DistributedTraining(LauncherTestCase):
             self.assertIn(f"[rank{rank}]:rank {rank}/4 local_rank {rank}: done, replicas in sync", out)
         self.assertIn("[rank0]:step  40", out)
 
-    def test_environment_matches_torchrun(self):
+    # Variables mcprun adds on purpose, beyond torchrun's (README: "The worker environment").
+    MCPRUN_ONLY = {"MCPRUN_AGENT_SOCKET", "TORCHELASTIC_TIMER_FILE", "PYTHONPATH", "PYTHONFAULTHANDLER",
+                   "TORCH_DIST_INIT_BARRIER", "NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_ASYNC_ERROR_HANDLING"}
+
+    def test_environment_matches_torchrun_variable_by_variable(self):
         dump = self.script("dump_env.py", r'''
 import json, os, sys
 import torch.distributed as dist
-keys = ["RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE",
-        "WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-        "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
-        "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE", "NCCL_ASYNC_ERROR_HANDLING",
-        "OMP_NUM_THREADS"]
-env = {k: os.environ.get(k) for k in keys}
-env["is_torchelastic_launched"] = dist.is_torchelastic_launched()
-env["unbuffered"] = not sys.stdout.buffer.__class__.__name__ == "BufferedWriter"
+env = dict(os.environ)
+env["is_torchelastic_launched"] = str(dist.is_torchelastic_launched())
+env["unbuffered"] = str(not sys.stdout.buffer.__class__.__name__ == "BufferedWriter")
 with open(os.path.join(sys.argv[1], "env.%s.json" % os.environ["RANK"]), "w") as f:
     json.dump(env, f)
 ''')
@@ -61,11 +60,13 @@ with open(os.path.join(sys.argv[1], "env.%s.json" % os.environ["RANK"]), "w") as
             reference.pop("MASTER_PORT")
             self.assertTrue(mine.pop("TORCHELASTIC_ERROR_FILE").endswith(f"/attempt_0/{rank}/error.json"))
             reference.pop("TORCHELASTIC_ERROR_FILE")
-            # Both agents host the job store themselves.
-            self.assertEqual(mine.pop("TORCHELASTIC_USE_AGENT_STORE"), "True")
+            self.assertEqual(mine.pop("TORCHELASTIC_USE_AGENT_STORE"), "True")  # Both host the store.
             self.assertEqual(reference.pop("TORCHELASTIC_USE_AGENT_STORE"), "True")
-            self.assertEqual(mine, reference)
-
+            for name in self.MCPRUN_ONLY:
+                mine.pop(name, None)
+                reference.pop(name, None)
+            for name in sorted(set(mine) | set(reference)):
+                self.assertEqual(mine.get(name), reference.get(name), f"{name} (torch {TORCH_VERSION})")
 
     def test_report_shows_the_recorded_python_traceback(self):
         failing = self.script("failing.py", r'''
@@ -231,7 +232,14 @@ class OutputAndLogs(LauncherTestCase):
 
 
 class GpuPinning(LauncherTestCase):
-    def test_ranks_pinned_in_topology_order_with_numa_binding(self):
+    # What a GPU script's set_device(int(os.environ["LOCAL_RANK"])) would select, per rank.
+    REPORT_DEVICE = ("import os; visible = os.environ['CUDA_VISIBLE_DEVICES'].split(','); "
+                     "print(os.environ['LOCAL_RANK'], ','.join(visible), "
+                     "visible[int(os.environ['LOCAL_RANK'])], os.environ['CUDA_DEVICE_ORDER'], "
+                     "sorted(os.sched_getaffinity(0)))")
+
+    def setUp(self):
+        super().setUp()
         root = os.path.join(self.tmp, "sys")
         fake_sysfs.make_tree(root, [
             dict(bus_id="0000:1a:00.0", numa_node=0, local_cpulist="0", switch="0000:16:00.0"),
@@ -239,21 +247,42 @@ class GpuPinning(LauncherTestCase):
             dict(bus_id="0000:5e:00.0", numa_node=0, local_cpulist="0", switch="0000:5d:00.0"),
             dict(bus_id="0000:86:00.0", numa_node=1, local_cpulist="1", switch="0000:85:00.0"),
         ])
-        env = dict(self.env, MCPRUN_SYSFS_ROOT=root)
-        code, out, err = self.run_mcprun(
-            "-n", "4", "--bind", "numa", "--no-python", PYTHON, "-c",
-            "import os; print(os.environ['CUDA_VISIBLE_DEVICES'], os.environ['CUDA_DEVICE_ORDER'],"
-            " sorted(os.sched_getaffinity(0)))", env=env)
+        self.env = dict(self.env, MCPRUN_SYSFS_ROOT=root)
+
+    def devices(self, *flags, env=None):
+        """Per rank: (LOCAL_RANK, CUDA_VISIBLE_DEVICES, the device cuda:LOCAL_RANK is, order, cpus)."""
+        code, out, err = self.run_mcprun(*flags, "--no-python", PYTHON, "-c", self.REPORT_DEVICE,
+                                         env=env)
         self.assertEqual(code, 0, err)
-        self.assertEqual(sorted(out.splitlines()), [
-            "[rank0]:0 PCI_BUS_ID [0]", "[rank1]:2 PCI_BUS_ID [0]",
-            "[rank2]:1 PCI_BUS_ID [1]", "[rank3]:3 PCI_BUS_ID [1]"])
-        code, out, _ = self.run_mcprun("topo", env=env)
+        return {int(line[5]): line.split(":", 1)[1].split(" ", 4) for line in out.splitlines()}
+
+    def test_cuda_local_rank_is_each_ranks_gpu_in_topology_order(self):
+        ranks = self.devices("-n", "4", "--bind", "numa")
+        # NUMA node 0's GPUs (PCI indices 0 and 2) first, then node 1's; cuda:LOCAL_RANK picks one.
+        self.assertEqual(ranks, {
+            0: ["0", "0,2,1,3", "0", "PCI_BUS_ID", "[0]"], 1: ["1", "0,2,1,3", "2", "PCI_BUS_ID", "[0]"],
+            2: ["2", "0,2,1,3", "1", "PCI_BUS_ID", "[1]"], 3: ["3", "0,2,1,3", "3", "PCI_BUS_ID", "[1]"]})
+        code, out, _ = self.run_mcprun("topo")
         self.assertEqual(code, 0)
-        self.assertIn("local rank 1 -> 0000:5e:00.0", out)
-        code, _, err = self.run_mcprun("-n", "5", "--no-python", "/bin/true", env=env)
+        self.assertIn("every worker: CUDA_VISIBLE_DEVICES=0,2,1,3", out)
+        self.assertIn("local rank 1 -> cuda:1 = 0000:5e:00.0", out)
+        code, _, err = self.run_mcprun("-n", "5", "--no-python", "/bin/true")
         self.assertEqual(code, 2)
         self.assertIn("--no-pin", err)
+
+    def test_a_subset_of_gpus_is_still_indexed_by_local_rank(self):
+        for flags, env, chosen in (
+                (["--gpus", "3,0"], None, ["0", "3"]),
+                ([], dict(self.env, CUDA_VISIBLE_DEVICES="1,2"), ["2", "1"]),
+                (["--gpus", "1,2,3"], None, ["2", "1"])):
+            ranks = self.devices("-n", "2", *flags, env=env)
+            self.assertEqual([ranks[r][2] for r in range(2)], chosen, (flags, env))
+            self.assertEqual({ranks[r][1] for r in range(2)}, {",".join(chosen)}, (flags, env))
+
+    def test_virtual_local_rank_shows_each_worker_only_its_gpu(self):
+        ranks = self.devices("-n", "4", "--virtual-local-rank")
+        self.assertEqual({r: ranks[r][:3] for r in ranks},
+                         {0: ["0", "0", "0"], 1: ["0", "2", "2"], 2: ["0", "1", "1"], 3: ["0", "3", "3"]})
 
 
 class BadInput(LauncherTestCase):

@@ -414,7 +414,7 @@ class SharedBox(RendezvousTestCase):
 class GpuLeases(RendezvousTestCase):
     """One rendezvousd leases a fake 8-GPU box to concurrent local jobs."""
     # Records what the job got, then waits for its go file.
-    WORKER = (r'echo "$CUDA_VISIBLE_DEVICES $MASTER_PORT" > "$MCPRUN_TEST_DIR/lease.$JOB.$RANK"; '
+    WORKER = (r'echo "$CUDA_VISIBLE_DEVICES $LOCAL_RANK $MASTER_PORT" > "$MCPRUN_TEST_DIR/lease.$JOB.$RANK"; '
               r'echo $$ > "$MCPRUN_TEST_DIR/pid.$JOB.$RANK"; '
               r'while [ ! -e "$MCPRUN_TEST_DIR/go.$JOB" ]; do sleep 0.05; done')
 
@@ -437,13 +437,16 @@ class GpuLeases(RendezvousTestCase):
         files = [os.path.join(self.tmp, f"lease.{name}.{rank}") for rank in range(nproc)]
         self.assertTrue(wait_for(lambda: all(os.path.exists(f) and os.path.getsize(f) for f in files), 20),
                         self.read_log())
-        gpus, ports = set(), set()
+        gpus, ports, visible_lists = set(), set(), set()
         for path in files:
             with open(path) as f:
-                gpu, port = f.read().split()
-            gpus.add(gpu)
+                visible, local_rank, port = f.read().split()
+            gpus.add(visible.split(",")[int(local_rank)])  # What set_device(LOCAL_RANK) selects.
+            visible_lists.add(visible)
             ports.add(port)
         self.assertEqual(len(ports), 1)
+        self.assertEqual(len(visible_lists), 1, "every rank of a job sees the same GPUs")
+        self.assertEqual(set(visible_lists.pop().split(",")), gpus)
         return gpus, ports.pop()
 
     def go(self, name):

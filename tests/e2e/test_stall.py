@@ -1,4 +1,4 @@
-"""End-to-end tests of stall detection with real torch 1.13 workers (gloo on CPU)."""
+"""End-to-end tests of stall detection with real torch workers (gloo on CPU), 1.13 and 2.13."""
 import glob
 import os
 import re
@@ -21,6 +21,10 @@ if behaviour == "late_init" or (behaviour == "late_first_attempt" and
     time.sleep(600)
 if behaviour == "slow_import":
     time.sleep(5)  # A node whose imports outlast --init-timeout: no evidence of a stall yet.
+restart_count = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+if behaviour == "late_in_retry" and restart_count > 0:
+    print("late to init in this attempt", flush=True)
+    time.sleep(3)
 import torch
 import torch.distributed as dist
 import mcprun
@@ -57,6 +61,26 @@ elif mode == "quiet":
     for _ in range(40):
         print("tick", flush=True)
         time.sleep(0.1)
+elif mode == "train":
+    # A real DDP loop for $TRAIN_SECONDS, much longer than --init-timeout.
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    deadline, step = time.monotonic() + float(os.environ.get("TRAIN_SECONDS", "1")), 0
+    while time.monotonic() < deadline:
+        optimizer.zero_grad()
+        model(torch.randn(4, 8)).sum().backward()
+        optimizer.step()
+        step += 1
+        if behaviour == "fail_after_init_first_attempt" and restart_count == 0 and step == 5:
+            print("failing after init", flush=True)
+            sys.exit(1)
+        time.sleep(0.05)
+    weights = [p.detach().clone() for p in model.parameters()]
+    for weight in weights:
+        gathered = [torch.zeros_like(weight) for _ in range(dist.get_world_size())]
+        dist.all_gather(gathered, weight)
+        assert all(torch.equal(g, weight) for g in gathered), "replicas diverged"
+    print(f"trained {step} steps in sync", flush=True)
 elif mode == "healthy":
     from torch.distributed.elastic import timer
     timer.configure(timer.FileTimerClient(os.environ["TORCHELASTIC_TIMER_FILE"]))
@@ -79,8 +103,9 @@ def report_rows(stderr):
 
 
 class StallTest(LauncherTestCase):
-    def launch(self, *flags, behaviour=None, mode="", nproc="4", timeout=120):
-        env = dict(self.env, MODE=mode, **{f"BEHAVIOUR_{rank}": what for rank, what in (behaviour or {}).items()})
+    def launch(self, *flags, behaviour=None, mode="", nproc="4", timeout=120, extra_env=None):
+        env = dict(self.env, MODE=mode, **(extra_env or {}),
+                   **{f"BEHAVIOUR_{rank}": what for rank, what in (behaviour or {}).items()})
         worker = self.script("worker.py", WORKER)
         logs = os.path.join(self.tmp, "logs")
         start = time.monotonic()
@@ -160,6 +185,37 @@ class StallTest(LauncherTestCase):
         self.assertNotIn("STALLED", err)
         self.assertEqual(out.count("agent store: True"), 4, out)
         self.assertEqual(out.count("done"), 4, out)
+
+    def test_healthy_job_three_times_longer_than_init_timeout_finishes(self):
+        code, out, err, elapsed, _ = self.launch("--init-timeout", "4", mode="train",
+                                                 extra_env={"TRAIN_SECONDS": "13"}, nproc="2")
+        self.assertEqual(code, 0, err)
+        self.assertNotIn("STALLED", err)
+        self.assertEqual(out.count("in sync"), 2, out)
+        self.assertGreater(elapsed, 12)
+
+    def test_without_torchs_init_barrier_a_long_job_finishes_and_a_late_rank_is_still_named(self):
+        code, out, err, _, _ = self.launch("--init-timeout", "4", mode="train", nproc="2",
+                                           extra_env={"TRAIN_SECONDS": "13", "TORCH_DIST_INIT_BARRIER": "0"})
+        self.assertEqual(code, 0, err)
+        self.assertIn("TORCH_DIST_INIT_BARRIER=0", err)
+        self.assertEqual(out.count("in sync"), 2, out)
+        code, _, err, _, _ = self.launch("--init-timeout", "6", nproc="2", behaviour={1: "late_init"},
+                                         extra_env={"TORCH_DIST_INIT_BARRIER": "0"})
+        self.assertEqual(code, 3, err)
+        self.assertIn("never connected to the store", report_rows(err)[1], err)
+
+    def test_restart_after_init_with_rank_0_late_in_the_retry_finishes(self):
+        # Attempt 0 passes init, then rank 2 fails; in attempt 1 rank 0 comes late. A store that
+        # kept attempt 0's keys would hand attempt 1 stale gloo addresses and counters.
+        code, out, err, _, _ = self.launch(
+            "--init-timeout", "20", "--max-restarts", "1", mode="train", nproc="3",
+            behaviour={2: "fail_after_init_first_attempt", 0: "late_in_retry"},
+            extra_env={"TRAIN_SECONDS": "2"})
+        self.assertEqual(code, 0, err)
+        self.assertIn("restarting the worker group (1 of 1 restarts)", err)
+        self.assertIn("late to init in this attempt", out)
+        self.assertEqual(out.count("in sync"), 3, out)
 
     def test_script_without_init_is_not_a_stall(self):
         worker = self.script("plain.py", "import time\ntime.sleep(3)\nprint('finished')\n")
