@@ -31,14 +31,6 @@ std::string lowercase(std::string text) {
   return text;
 }
 
-/// First line of a sysfs attribute, trimmed, or "" when it is missing or unreadable.
-std::string read_attribute(const fs::path& path) {
-  std::ifstream in(path);
-  std::string line;
-  std::getline(in, line);
-  return trim(line);
-}
-
 /// The whole text must be a number ("0x" allowed in base 16); nullopt otherwise.
 std::optional<long> parse_number(std::string_view view, int base) {
   if (base == 16 && (view.starts_with("0x") || view.starts_with("0X"))) view.remove_prefix(2);
@@ -47,11 +39,6 @@ std::optional<long> parse_number(std::string_view view, int base) {
   auto [end, ec] = std::from_chars(view.data(), view.data() + view.size(), value, base);
   if (ec != std::errc() || end != view.data() + view.size()) return std::nullopt;
   return value;
-}
-
-int read_int(const fs::path& path, int fallback) {
-  auto value = parse_number(read_attribute(path), 10);
-  return value && *value >= INT_MIN && *value <= INT_MAX ? static_cast<int>(*value) : fallback;
 }
 
 /// "pci0000:00" (or a wider VMD domain): the root-complex directory that starts a device path.
@@ -129,6 +116,18 @@ std::vector<const GpuDevice*> matching(const std::vector<GpuDevice>& gpus, const
 }
 
 }  // namespace
+
+std::string read_attribute(const fs::path& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return trim(line);
+}
+
+int read_int(const fs::path& path, int fallback) {
+  auto value = parse_number(read_attribute(path), 10);
+  return value && *value >= INT_MIN && *value <= INT_MAX ? static_cast<int>(*value) : fallback;
+}
 
 std::string GpuDevice::switch_id() const { return pci_parents.empty() ? "" : pci_parents.back(); }
 

@@ -45,6 +45,12 @@ struct TopologyOrder {
 TopologyOrder topology_order(std::vector<GpuDevice> gpus,
                              const std::optional<std::string>& allowed = std::nullopt);
 
+/// First line of a sysfs attribute, trimmed, or "" when it is missing or unreadable.
+std::string read_attribute(const std::filesystem::path& path);
+
+/// A sysfs attribute holding one decimal int, or `fallback` when missing or malformed.
+int read_int(const std::filesystem::path& path, int fallback);
+
 /// Parses a kernel cpulist ("0-3,8,10-11"); nullopt when malformed.
 std::optional<std::vector<int>> parse_cpulist(const std::string& text);
 
