@@ -8,6 +8,8 @@
 #include <variant>
 #include <vector>
 
+#include "common/cpu_topology.hpp"
+
 namespace mcprun {
 
 /// The stall watchdogs' limits, in seconds.
@@ -75,6 +77,8 @@ struct LaunchConfig {
   bool virtual_local_rank = false;      ///< --virtual-local-rank: one visible GPU, LOCAL_RANK=0.
   std::optional<std::string> gpus;      ///< --gpus subset, CUDA_VISIBLE_DEVICES syntax.
   enum class CpuBind { kNone, kNuma } bind = CpuBind::kNone;
+  /// --numa-binding: torchrun 2.x's CPU sets per GPU (node, socket, exclusive, core-complex).
+  std::optional<NumaBinding> numa_binding;
   bool verbose = false;
   std::map<std::string, std::string> env;  ///< The job file's env:, added to every worker's environment.
   std::string summary_json;             ///< --summary-json: how the job ended, as JSON, for CI.

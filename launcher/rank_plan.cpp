@@ -145,6 +145,18 @@ std::variant<RankPlan, UsageError> build_rank_plan(const LaunchConfig& config,
     }
     plan.slots.push_back(std::move(slot));
   }
+  if (config.numa_binding && plan.pinned) {
+    const CpuTopology cpus = read_cpu_topology();
+    for (RankSlot& slot : plan.slots) {
+      auto bound = numa_binding_cpus(*config.numa_binding, *slot.identity.gpu, order.gpus, cpus);
+      if (auto* error = std::get_if<std::string>(&bound))
+        return UsageError{"--numa-binding " + std::string(to_string(*config.numa_binding)) +
+                          ": local rank " + std::to_string(slot.identity.local_rank) + ": " + *error};
+      slot.cpus = std::move(std::get<std::vector<int>>(bound));
+    }
+  } else if (config.numa_binding) {
+    plan.warnings.push_back("--numa-binding has no effect without pinned GPUs");
+  }
   if (config.virtual_local_rank && !plan.pinned)
     plan.warnings.push_back("--virtual-local-rank sets LOCAL_RANK=0 for every worker of an "
                             "unpinned job: ranks on one node can no longer tell their GPU apart");

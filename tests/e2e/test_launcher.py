@@ -279,6 +279,20 @@ class GpuPinning(LauncherTestCase):
             self.assertEqual([ranks[r][2] for r in range(2)], chosen, (flags, env))
             self.assertEqual({ranks[r][1] for r in range(2)}, {",".join(chosen)}, (flags, env))
 
+    def test_numa_binding_sets_each_workers_cpus_from_the_cpu_tree(self):
+        # Two sockets of one single-threaded core each: the CPUs this 2-core machine really has,
+        # so the affinity the workers report is the one mcprun set.
+        fake_sysfs.make_cpu_tree(self.env["MCPRUN_SYSFS_ROOT"], sockets=2, nodes_per_socket=1,
+                                 cores_per_node=1, threads_per_core=1, cores_per_l3=1)
+        for mode in ("node", "socket", "core-complex"):
+            ranks = self.devices("-n", "4", "--numa-binding", mode)
+            self.assertEqual({r: ranks[r][4] for r in ranks}, {0: "[0]", 1: "[0]", 2: "[1]", 3: "[1]"}, mode)
+        # Two GPUs per NUMA node but one core each: no disjoint core sets, one clear line.
+        code, _, err = self.run_mcprun("-n", "4", "--numa-binding", "exclusive", "--no-python", "/bin/true")
+        self.assertEqual(code, 2, err)
+        self.assertEqual(len(err.strip().splitlines()), 1, err)
+        self.assertIn("--numa-binding exclusive", err)
+
     def test_virtual_local_rank_shows_each_worker_only_its_gpu(self):
         ranks = self.devices("-n", "4", "--virtual-local-rank")
         self.assertEqual({r: ranks[r][:3] for r in ranks},
