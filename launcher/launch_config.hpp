@@ -1,6 +1,7 @@
 // What the user asked for: torchrun's command line (both spellings, PET_* variables) parsed once.
 #pragma once
 
+#include <csignal>
 #include <map>
 #include <optional>
 #include <set>
@@ -72,6 +73,17 @@ struct LaunchConfig {
   bool no_pin = false;
   std::optional<std::string> gpus;      ///< --gpus subset, CUDA_VISIBLE_DEVICES syntax.
   enum class CpuBind { kNone, kNuma } bind = CpuBind::kNone;
+  /// --numa-binding, torch 2.x's affinity modes; nullopt: not asked for (see also --bind).
+  enum class NumaBinding { kNode, kSocket, kExclusive, kCoreComplex };
+  std::optional<NumaBinding> numa_binding;
+  /// --virtual-local-rank: every worker sees LOCAL_RANK=0 and its GPU as device 0.
+  bool virtual_local_rank = false;
+  /// --signals-to-handle: what mcprun catches. The stopping ones stop the group; SIGUSR1/2 are
+  /// only forwarded to every worker. Unlisted signals keep their default action.
+  std::set<int> signals_to_handle{SIGTERM, SIGINT, SIGHUP, SIGQUIT};
+  /// TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE: the console prefix with ${rank}, ${local_rank} and
+  /// ${role_name}; nullopt: mcprun's "[rankN]:".
+  std::optional<std::string> log_line_prefix_template;
   bool verbose = false;
   std::map<std::string, std::string> env;  ///< The job file's env:, added to every worker's environment.
   std::string summary_json;             ///< --summary-json: how the job ended, as JSON, for CI.
@@ -99,6 +111,19 @@ using ParseResult = std::variant<LaunchConfig, UsageError, InfoRequest>;
 /// Parses argv (without the subcommand) against the environment, for `PET_*` fallbacks, and
 /// the --config job file (the command line beats the file, which beats PET_* variables).
 ParseResult parse_launch_config(const std::vector<std::string>& args);
+
+/// The variable torchrun 2.x reads the console prefix from; mcprun reads it for itself.
+inline constexpr const char* kLogLinePrefixTemplateVariable = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE";
+
+/// torchrun's default --signals-to-handle.
+inline constexpr const char* kDefaultSignalsToHandle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
+
+/// Parses --signals-to-handle ("SIGTERM,SIGUSR1", the SIG optional); on an unknown or
+/// uncatchable name, sets `error` to the one line naming it.
+std::optional<std::set<int>> parse_signal_list(const std::string& text, std::string* error);
+
+/// A signal mcprun only forwards to every worker, without stopping the group (SIGUSR1/2).
+bool forwarded_only(int signal);
 
 /// Parses "3" or "0:1,2:3" (torchrun's --redirects/--tee syntax); nullopt when malformed.
 std::optional<StreamSpec> parse_stream_spec(const std::string& text);
