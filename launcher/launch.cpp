@@ -204,6 +204,8 @@ Launch::Launch(const LaunchConfig& config, RunSummary& summary)
     : config_(config), summary_(summary), host_(host_name()), inherited_(current_environment()) {
   // A job file's env: acts as if exported before mcprun: OMP_NUM_THREADS is honoured, RANK warned.
   for (const auto& [name, value] : config.env) inherited_[name] = value;
+  // mcprun's own input (config.log_line_prefix_template), not a stale launcher variable to warn of.
+  inherited_.erase(kLogLinePrefixTemplateVariable);
 }
 
 Launch::~Launch() = default;
