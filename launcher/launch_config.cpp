@@ -51,17 +51,14 @@ std::string names_for(const std::string& dashed, const std::string& short_name =
   return names;
 }
 
-/// Leading/trailing blanks, then matching outer quotes, which a quoted value in a wrapper script
-/// (--rdzv-conf='join_timeout=5') keeps when no shell removes them.
+/// Without the blanks and quotes around it: quotes a wrapper script meant for a shell reach
+/// mcprun as they reach torchrun's argparse (--rdzv-conf='join_timeout=5,last_call_timeout=1'),
+/// whole-value or per item, and no key, value or signal name holds one.
 std::string unquoted(std::string_view text) {
-  auto blank = [](char c) { return c == ' ' || c == '\t'; };
-  for (;;) {
-    while (!text.empty() && blank(text.front())) text.remove_prefix(1);
-    while (!text.empty() && blank(text.back())) text.remove_suffix(1);
-    if (text.size() < 2 || text.front() != text.back() || (text.front() != '\'' && text.front() != '"'))
-      return std::string(text);
-    text = text.substr(1, text.size() - 2);
-  }
+  auto strip = [](char c) { return c == ' ' || c == '\t' || c == '\'' || c == '"'; };
+  while (!text.empty() && strip(text.front())) text.remove_prefix(1);
+  while (!text.empty() && strip(text.back())) text.remove_suffix(1);
+  return std::string(text);
 }
 
 std::string env_name_for(const std::string& dashed) {
@@ -194,11 +191,13 @@ std::variant<std::vector<std::string>, UsageError> expand_abbreviations(
         if (found) break;
         // One match per option: both spellings of a flag are one flag. The spelling typed wins.
         std::optional<std::string> match;
+        bool typed_match = false;
         for (const std::string& long_name : option->get_lnames()) {
           if (name.empty() || long_name.rfind(name, 0) != 0) continue;
           const bool typed_spelling = (name.find('_') == std::string::npos || long_name.find('-') == std::string::npos) &&
                                       (name.find('-') == std::string::npos || long_name.find('_') == std::string::npos);
-          if (!match || typed_spelling) match = long_name;
+          if (!match || (typed_spelling && !typed_match)) match = long_name;
+          typed_match = typed_match || typed_spelling;
         }
         if (match) matches.emplace_back(option, *match);
       }

@@ -231,7 +231,7 @@ TEST(LaunchConfig, TorchrunOnlyFlagsAreAcceptedHonestly) {
   parse_ok({"--logs-specs", "default", "t.py"});
   parse_ok({"--logs_specs=default", "t.py"});
   EXPECT_NE(parse_error({"--logs_specs=DOESNOT_EXIST", "t.py"}).find("--logs-specs"), std::string::npos);
-  parse_ok({"--duplicate-stdout-filters", "", "--duplicate_stderr_filters=", "t.py"});
+  parse_ok({"--duplicate-stdout-filters", "''", "--duplicate_stderr_filters=''", "t.py"});
   EXPECT_NE(parse_error({"--duplicate-stdout-filters", "apple,orange", "t.py"}).find("apple"),
             std::string::npos);
   EXPECT_NE(parse_error({"-n", "xpu", "t.py"}).find("NVIDIA"), std::string::npos);

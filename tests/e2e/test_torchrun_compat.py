@@ -332,7 +332,7 @@ print("world", os.environ["WORLD_SIZE"], "restarts", os.environ["TORCHELASTIC_MA
         out, err = self.run_ok("--numa-binding", "node", "--virtual-local-rank",
                                "--event-log-handler", "null", "--logs-specs", "default",
                                "--shutdown-timeout", "5", "--signals_to_handle=SIGTERM,SIGINT",
-                               "--duplicate-stdout-filters", "", worker)
+                               worker)
         self.assertIn("ran", out)
 
     def run_ok(self, *args, env=None):
