@@ -312,6 +312,16 @@ print("rank %s finished after checkpoint=%s" % (rank, os.path.exists(os.path.joi
             self.assertIn(f"rank {rank}: sum 3, 127.0.0.1:{port}", out)
         self.assertIn("--master-port", err)  # One warning that it was ignored.
 
+    def test_static_rdzv_endpoint_ipv6(self):
+        script = self.script("gloo.py", INIT_METHOD_SCRIPT)
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+            port = s.getsockname()[1]
+        out, _ = self.run_ok("--nproc-per-node", "2", "--rdzv-endpoint", f"[::1]:{port}", script,
+                             "--init-method=env://")
+        for rank in range(2):
+            self.assertIn(f"rank {rank}: sum 3, ::1:{port}", out)
+
     def test_abbreviated_flags_and_quoted_rdzv_conf(self):
         worker = self.script("env.py", r'''
 import os
