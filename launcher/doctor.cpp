@@ -1,5 +1,6 @@
 #include "launcher/doctor.hpp"
 
+#include "launcher/launch_config.hpp"
 #include "launcher/worker_env.hpp"
 
 #include <arpa/inet.h>
@@ -560,7 +561,7 @@ std::vector<CheckResult> check_environment(const DoctorInputs& inputs, DoctorPro
   };
   for (const auto& [variable, value] : inputs.env) {
     const std::string shown = variable + "=" + value;
-    if (owned_by_launcher(variable)) {
+    if (owned_by_launcher(variable) && variable != kLogLinePrefixTemplateVariable) {
       std::string remedy =
           "unset it where it comes from (an outer torchrun, a wrapper framework, a job script): "
           "two parties setting up one process group hang it";

@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <boost/asio/ip/v6_only.hpp>
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -146,20 +148,24 @@ std::optional<std::filesystem::path> python_helper_dir() {
 }
 
 /// The job store's listening socket on MASTER_PORT: the socket mcprun reserved when it holds
-/// that port, else a fresh bind (a --master-port the user chose).
+/// that port, else a fresh bind (a --master-port the user chose). An IPv6 MASTER_ADDR
+/// (--rdzv-endpoint [::1]:PORT) gets a dual-stack IPv6 socket, so its workers can connect.
 std::optional<boost::asio::ip::tcp::acceptor> store_acceptor(
-    boost::asio::io_context& io, int port, std::optional<PortReservation>& reservation,
-    std::string* error) {
+    boost::asio::io_context& io, const std::string& master_addr, int port,
+    std::optional<PortReservation>& reservation, std::string* error) {
   namespace ip = boost::asio::ip;
   ip::tcp::acceptor acceptor(io);
   boost::system::error_code ec;
-  if (reservation && reservation->port() == port) {
+  const bool ipv6 = master_addr.find(':') != std::string::npos;
+  if (reservation && reservation->port() == port && !ipv6) {
     acceptor.assign(ip::tcp::v4(), reservation->take_socket().release(), ec);
     reservation.reset();
   } else {
-    acceptor.open(ip::tcp::v4(), ec);
+    const ip::tcp protocol = ipv6 ? ip::tcp::v6() : ip::tcp::v4();
+    acceptor.open(protocol, ec);
     if (!ec) acceptor.set_option(ip::tcp::acceptor::reuse_address(true), ec);
-    if (!ec) acceptor.bind({ip::tcp::v4(), static_cast<unsigned short>(port)}, ec);
+    if (!ec && ipv6) acceptor.set_option(ip::v6_only(false), ec);
+    if (!ec) acceptor.bind({protocol, static_cast<unsigned short>(port)}, ec);
   }
   if (!ec) acceptor.listen(ip::tcp::socket::max_listen_connections, ec);
   if (ec) {
@@ -205,6 +211,8 @@ Launch::Launch(const LaunchConfig& config, RunSummary& summary)
     : config_(config), summary_(summary), host_(host_name()), inherited_(current_environment()) {
   // A job file's env: acts as if exported before mcprun: OMP_NUM_THREADS is honoured, RANK warned.
   for (const auto& [name, value] : config.env) inherited_[name] = value;
+  // mcprun's own input (config.log_line_prefix_template), not a stale launcher variable to warn of.
+  inherited_.erase(kLogLinePrefixTemplateVariable);
 }
 
 Launch::~Launch() = default;
@@ -417,7 +425,7 @@ bool Launch::serve_store_if_master() {
     return true;
   }
   std::string error;
-  auto acceptor = store_acceptor(io_, plan_->job.master_port, reservation_, &error);
+  auto acceptor = store_acceptor(io_, plan_->job.master_addr, plan_->job.master_port, reservation_, &error);
   if (!acceptor) {
     spdlog::error("{}", error);
     return false;

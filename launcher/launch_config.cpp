@@ -2,7 +2,9 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <charconv>
+#include <csignal>
 #include <cstdlib>
 #include <sstream>
 
@@ -49,13 +51,211 @@ std::string names_for(const std::string& dashed, const std::string& short_name =
   return names;
 }
 
+/// Without the blanks and quotes around it: quotes a wrapper script meant for a shell reach
+/// mcprun as they reach torchrun's argparse (--rdzv-conf='join_timeout=5,last_call_timeout=1'),
+/// whole-value or per item, and no key, value or signal name holds one.
+std::string unquoted(std::string_view text) {
+  auto strip = [](char c) { return c == ' ' || c == '\t' || c == '\'' || c == '"'; };
+  while (!text.empty() && strip(text.front())) text.remove_prefix(1);
+  while (!text.empty() && strip(text.back())) text.remove_suffix(1);
+  return std::string(text);
+}
+
 std::string env_name_for(const std::string& dashed) {
   std::string name = "PET_";
   for (char c : dashed) name += c == '-' ? '_' : static_cast<char>(std::toupper(c));
   return name;
 }
 
+/// A host and, when given, a port, from HOST[:PORT] or [IPV6][:PORT] (torch's
+/// parse_rendezvous_endpoint); nullopt when malformed.
+struct Endpoint {
+  std::string host;
+  std::optional<int> port;
+};
+std::optional<Endpoint> parse_endpoint(const std::string& text) {
+  Endpoint endpoint;
+  std::string port_text;
+  if (text.size() > 1 && text.front() == '[' && text.back() == ']') {
+    endpoint.host = text;
+  } else if (auto colon = text.rfind(':'); colon != std::string::npos) {
+    endpoint.host = text.substr(0, colon);
+    port_text = text.substr(colon + 1);
+    if (port_text.empty() || port_text.size() > 5 ||
+        port_text.find_first_not_of("0123456789") != std::string::npos)
+      return std::nullopt;
+    endpoint.port = std::stoi(port_text);
+    if (*endpoint.port > 65535) return std::nullopt;
+  } else {
+    endpoint.host = text;
+  }
+  if (endpoint.host.size() > 1 && endpoint.host.front() == '[' && endpoint.host.back() == ']')
+    endpoint.host = endpoint.host.substr(1, endpoint.host.size() - 2);
+  if (endpoint.host.empty()) return std::nullopt;
+  return endpoint;
+}
+
+/// The signals --signals-to-handle may name: the four that stop the group by default, the two
+/// that are only forwarded, and the other terminating ones a scheduler may send first.
+constexpr std::pair<const char*, int> kHandledSignals[] = {
+    {"SIGTERM", SIGTERM}, {"SIGINT", SIGINT},   {"SIGHUP", SIGHUP},       {"SIGQUIT", SIGQUIT},
+    {"SIGUSR1", SIGUSR1}, {"SIGUSR2", SIGUSR2}, {"SIGALRM", SIGALRM},     {"SIGXCPU", SIGXCPU},
+    {"SIGXFSZ", SIGXFSZ}, {"SIGPWR", SIGPWR},   {"SIGVTALRM", SIGVTALRM}, {"SIGPROF", SIGPROF}};
+
+/// rdzv-conf keys torch 2.x reads (dynamic, c10d, etcd and static rendezvous) that mcprun has
+/// no use for: accepted and named in one warning.
+constexpr const char* kUnusedRdzvKeys[] = {
+    "close_timeout", "heartbeat_timeout", "keep_alive_interval", "keep_alive_max_attempt",
+    "read_timeout", "timeout", "store_type", "use_libuv", "rank", "protocol", "cert", "key",
+    "cacert", "etcd_prefix", "ssl_cert", "ssl_cert_key", "ca_cert"};
+
+/// torch's get_as_bool.
+std::optional<bool> parse_bool(std::string value) {
+  for (char& c : value) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (const char* yes : {"1", "true", "t", "yes", "y"})
+    if (value == yes) return true;
+  for (const char* no : {"0", "false", "f", "no", "n"})
+    if (value == no) return false;
+  return std::nullopt;
+}
+
+/// Applies --rdzv-conf to `config`: quotes stripped, honoured keys checked, torch's other keys
+/// collected in one warning. Returns the usage error, if any.
+std::optional<std::string> apply_rdzv_conf(const std::string& text, LaunchConfig& config) {
+  std::vector<std::string> unused;
+  std::stringstream in(unquoted(text));
+  for (std::string raw; std::getline(in, raw, ',');) {
+    const std::string item = unquoted(raw);
+    if (item.empty()) continue;
+    const auto eq = item.find('=');
+    const std::string key = unquoted(item.substr(0, eq));
+    const std::string value = eq == std::string::npos ? "" : unquoted(item.substr(eq + 1));
+    if (value.empty()) return "--rdzv-conf " + item + ": expected key=value";
+    if (key == "join_timeout" || key == "last_call_timeout") {
+      char* end = nullptr;
+      const double seconds = std::strtod(value.c_str(), &end);
+      if (!end || *end != '\0' || !(seconds > 0))
+        return "--rdzv-conf " + item + ": expected " + key + "=SECONDS (a number > 0)";
+      (key == "join_timeout" ? config.join_timeout : config.last_call_timeout) = seconds;
+    } else if (key == "is_host") {
+      config.is_host = parse_bool(value);
+      if (!config.is_host) return "--rdzv-conf " + item + ": expected is_host=true|false|1|0";
+    } else if (std::find_if(std::begin(kUnusedRdzvKeys), std::end(kUnusedRdzvKeys),
+                            [&](const char* known) { return key == known; }) !=
+               std::end(kUnusedRdzvKeys)) {
+      unused.push_back(key);
+    } else {
+      return "--rdzv-conf " + item + ": unknown key; mcprun honours join_timeout, "
+             "last_call_timeout and is_host (and accepts torchrun's other keys)";
+    }
+  }
+  if (!unused.empty()) {
+    std::string names;
+    for (const std::string& key : unused) names += (names.empty() ? "" : ", ") + key;
+    config.warnings.push_back("--rdzv-conf " + names + (unused.size() > 1 ? " are" : " is") +
+                              " accepted for torchrun and unused by mcprun (it honours "
+                              "join_timeout, last_call_timeout and is_host)");
+  }
+  return std::nullopt;
+}
+
+/// Whether `option` reads a value (so the next argument is its value, not the script).
+bool takes_value(const CLI::Option& option) { return option.get_type_size_max() > 0; }
+
+/// argparse's allow_abbrev for the flags before the script: an unambiguous prefix of a long flag
+/// ("--nproc_per=2", "--redirect 3") becomes that flag, spelled as typed ("-" or "_"). The names
+/// are CLI11's own. An ambiguous prefix is a usage error naming the candidates.
+std::variant<std::vector<std::string>, UsageError> expand_abbreviations(
+    const CLI::App& app, const std::vector<std::string>& args) {
+  const auto options = app.get_options();
+  std::vector<std::string> expanded;
+  size_t i = 0;
+  for (; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg == "--" || arg.size() < 2 || arg[0] != '-') break;  // The script and its arguments.
+    const CLI::Option* found = nullptr;
+    std::string rewritten = arg;
+    bool attached = false;
+    if (arg[1] == '-') {
+      const auto eq = arg.find('=');
+      attached = eq != std::string::npos;
+      const std::string name = arg.substr(2, attached ? eq - 2 : std::string::npos);
+      std::vector<std::pair<const CLI::Option*, std::string>> matches;
+      for (const CLI::Option* option : options) {
+        for (const std::string& long_name : option->get_lnames()) {
+          if (long_name == name) {
+            found = option;
+            break;
+          }
+        }
+        if (found) break;
+        // One match per option: both spellings of a flag are one flag. The spelling typed wins.
+        std::optional<std::string> match;
+        bool typed_match = false;
+        for (const std::string& long_name : option->get_lnames()) {
+          if (name.empty() || long_name.rfind(name, 0) != 0) continue;
+          const bool typed_spelling = (name.find('_') == std::string::npos || long_name.find('-') == std::string::npos) &&
+                                      (name.find('-') == std::string::npos || long_name.find('_') == std::string::npos);
+          if (!match || (typed_spelling && !typed_match)) match = long_name;
+          typed_match = typed_match || typed_spelling;
+        }
+        if (match) matches.emplace_back(option, *match);
+      }
+      if (!found && matches.size() > 1) {
+        std::string names;
+        for (const auto& match : matches) names += (names.empty() ? "--" : ", --") + match.second;
+        return UsageError{"ambiguous option: --" + name + " could match " + names};
+      }
+      if (!found && matches.size() == 1) {
+        found = matches.front().first;
+        rewritten = "--" + matches.front().second + (attached ? arg.substr(eq) : "");
+      }
+    } else {
+      for (const CLI::Option* option : options)
+        for (const std::string& short_name : option->get_snames())
+          if (short_name == arg.substr(1, 1)) found = option;
+      attached = arg.size() > 2;  // "-n4"
+    }
+    if (!found) break;  // An unknown flag: CLI11 stops there and it is reported as unknown.
+    expanded.push_back(rewritten);
+    if (!attached && takes_value(*found) && i + 1 < args.size()) expanded.push_back(args[++i]);
+  }
+  expanded.insert(expanded.end(), args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
+  return expanded;
+}
+
 }  // namespace
+
+std::optional<std::set<int>> parse_signal_list(const std::string& text, std::string* error) {
+  std::set<int> signals;
+  std::stringstream in(unquoted(text));
+  for (std::string raw; std::getline(in, raw, ',');) {
+    std::string name = unquoted(raw);
+    if (name.empty()) continue;
+    if (name.rfind("SIG", 0) != 0) name = "SIG" + name;
+    auto known = std::find_if(std::begin(kHandledSignals), std::end(kHandledSignals),
+                              [&](const auto& entry) { return name == entry.first; });
+    if (known == std::end(kHandledSignals)) {
+      std::string names;
+      for (const auto& [signal_name, number] : kHandledSignals)
+        names += (names.empty() ? "" : ", ") + std::string(signal_name);
+      *error = "--signals-to-handle " + unquoted(raw) + ": not a signal mcprun can handle; expected " +
+               "a comma-separated list of " + names;
+      return std::nullopt;
+    }
+    signals.insert(known->second);
+  }
+  return signals;
+}
+
+std::string format_signal_list(const std::set<int>& signals) {
+  std::string text;
+  for (const auto& [name, number] : kHandledSignals)
+    if (signals.contains(number)) text += (text.empty() ? "" : ",") + std::string(name);
+  return text;
+}
+
+bool forwarded_only(int signal) { return signal == SIGUSR1 || signal == SIGUSR2; }
 
 int StreamSpec::bits_for(int local_rank) const {
   auto it = per_rank.find(local_rank);
@@ -129,11 +329,13 @@ ParseResult parse_arguments(const std::vector<std::string>& args, JobFile& job) 
       "Port of that store (default: a free port, reserved so nothing else takes it)");
   flag("standalone", config.standalone, "Single-node job with a private store on a free port");
   add("rdzv-backend", config.rdzv_backend, "Rendezvous backend: static or c10d (one node: local)");
-  add("rdzv-endpoint", config.rdzv_endpoint, "Rendezvous endpoint HOST:PORT");
+  add("rdzv-endpoint", config.rdzv_endpoint,
+      "Rendezvous endpoint HOST:PORT ([IPV6]:PORT); with the static backend it is the master's "
+      "address and port, and beats --master-addr/--master-port");
   add("rdzv-id", config.rdzv_id, "Job id, exported as TORCHELASTIC_RUN_ID");
   add("rdzv-conf", config.rdzv_conf,
-      "Rendezvous options key=value,...: join_timeout (default 120 s), last_call_timeout "
-      "(default 5 s)");
+      "Rendezvous options key=value,... (outer quotes are stripped): join_timeout (default 120 s), "
+      "last_call_timeout (default 5 s), is_host; torchrun's other keys are accepted and unused");
   std::string labels_text;
   app.add_option("--topology-labels", labels_text,
                  "This node's place, e.g. rack=r1,switch=s3: nodes sharing labels get "
@@ -166,6 +368,39 @@ ParseResult parse_arguments(const std::vector<std::string>& args, JobFile& job) 
   add("local-addr", config.local_addr, "Address of this node; used as MASTER_ADDR when given");
   add("term-timeout", config.term_timeout, "Seconds between SIGTERM and SIGKILL when stopping")
       ->check(CLI::NonNegativeNumber);
+  std::optional<double> shutdown_timeout;
+  add("shutdown-timeout", shutdown_timeout,
+      "torchrun 2.x's name for --term-timeout (which wins when both are given); without either, "
+      "TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 10 s")
+      ->check(CLI::NonNegativeNumber);
+  std::string signals_text = kDefaultSignalsToHandle;
+  add("signals-to-handle", signals_text,
+      "Signals mcprun handles, comma-separated: SIGTERM, SIGINT, SIGHUP, SIGQUIT (and SIGALRM, "
+      "SIGXCPU, SIGXFSZ, SIGPWR, SIGVTALRM, SIGPROF) are forwarded to every worker and stop the "
+      "group. SIGUSR1 and SIGUSR2, listed or not, are forwarded only: the workers keep running "
+      "(Slurm's preemption warning). Other unlisted signals keep their default action");
+  std::string numa_text;
+  add("numa-binding", numa_text,
+      "Bind each worker to CPUs near its GPU: node, socket, exclusive or core-complex (torch 2.x's "
+      "modes)");
+  flag("virtual-local-rank", config.virtual_local_rank,
+       "Every worker sees LOCAL_RANK=0 and its one GPU as device 0, so all ranks compile the same "
+       "code");
+  std::string event_log_handler = "null";
+  add("event-log-handler", event_log_handler,
+      "Accepted for torchrun: mcprun has no event log handlers (anything but null is ignored "
+      "with a warning)");
+  std::string logs_specs;
+  app.add_option(names_for("logs-specs"), logs_specs,
+                 "Accepted for torchrun: only its default LogsSpecs (default); mcprun's logs are "
+                 "laid out by --log-dir");
+  std::string stdout_filters, stderr_filters;
+  add("duplicate-stdout-filters", stdout_filters,
+      "Accepted for torchrun when empty: mcprun does not copy matching lines to a second file "
+      "(grep --log-dir's stdout.log)");
+  add("duplicate-stderr-filters", stderr_filters,
+      "Accepted for torchrun when empty: mcprun does not copy matching lines to a second file "
+      "(grep --log-dir's stderr.log)");
   app.add_option("--timeout", config.job_timeout,
                  "Wall-clock limit in seconds for the whole job, restarts included (0: none); "
                  "on expiry the group is stopped and mcprun exits 124")
@@ -217,8 +452,11 @@ ParseResult parse_arguments(const std::vector<std::string>& args, JobFile& job) 
       ->check(CLI::IsMember({"none", "numa"}));
   flag("verbose", config.verbose, "Log each step of the launch", "-v");
 
+  auto abbreviations_expanded = expand_abbreviations(app, args);
+  if (auto* error = std::get_if<UsageError>(&abbreviations_expanded)) return *error;
+  const auto& expanded = std::get<std::vector<std::string>>(abbreviations_expanded);
   // CLI11 wants argv back to front.
-  const std::vector<std::string> reversed(args.rbegin(), args.rend());
+  const std::vector<std::string> reversed(expanded.rbegin(), expanded.rend());
   try {
     app.parse(std::vector<std::string>(reversed));
     if (!job_file_path.empty()) {
@@ -251,6 +489,9 @@ ParseResult parse_arguments(const std::vector<std::string>& args, JobFile& job) 
   config.script_args.assign(rest.begin() + 1, rest.end());
 
   auto nproc = parse_nproc(nproc_text);
+  if (nproc_text == "xpu")
+    return UsageError{"--nproc-per-node xpu: mcprun pins NVIDIA GPUs only; expected a count, cpu, "
+                      "gpu or auto"};
   if (!nproc)
     return UsageError{"--nproc-per-node " + nproc_text + ": expected a count >= 1, cpu, gpu or auto"};
   config.nproc = *nproc;
@@ -292,24 +533,7 @@ ParseResult parse_arguments(const std::vector<std::string>& args, JobFile& job) 
   if (config.uses_rendezvous() && config.rdzv_endpoint.empty())
     return UsageError{"--nnodes " + config.nnodes + " with --rdzv-backend " + config.rdzv_backend +
                       " needs --rdzv-endpoint HOST:PORT"};
-  if (!config.rdzv_conf.empty()) {
-    std::stringstream in(config.rdzv_conf);
-    for (std::string item; std::getline(in, item, ',');) {
-      auto eq = item.find('=');
-      std::string key = item.substr(0, eq), value = eq == std::string::npos ? "" : item.substr(eq + 1);
-      char* end = nullptr;
-      double seconds = std::strtod(value.c_str(), &end);
-      const bool number = !value.empty() && end && *end == '\0' && seconds > 0;
-      if (key == "join_timeout" && number) config.join_timeout = seconds;
-      else if (key == "last_call_timeout" && number) config.last_call_timeout = seconds;
-      else if (key == "is_host" && (value == "1" || value == "true" || value == "True")) config.is_host = true;
-      else if (key == "is_host" && (value == "0" || value == "false" || value == "False")) config.is_host = false;
-      else if (key == "close_timeout" || key == "timeout" || key == "read_timeout") continue;
-      else
-        return UsageError{"--rdzv-conf " + item + ": expected join_timeout=S, last_call_timeout=S, "
-                          "close_timeout=S or is_host=BOOL"};
-    }
-  }
+  if (auto error = apply_rdzv_conf(config.rdzv_conf, config)) return UsageError{*error};
   if (!labels_text.empty()) {
     std::stringstream in(labels_text);
     for (std::string item; std::getline(in, item, ',');) {
@@ -319,6 +543,28 @@ ParseResult parse_arguments(const std::vector<std::string>& args, JobFile& job) 
       config.topology_labels[item.substr(0, eq)] = item.substr(eq + 1);
     }
   }
+  // Static backend: --rdzv-endpoint names the master, as torchrun's static rendezvous reads it.
+  const bool static_endpoint = config.rdzv_backend == "static" && !config.standalone &&
+                               !config.rdzv_endpoint.empty();
+  if (static_endpoint) {
+    auto endpoint = parse_endpoint(unquoted(config.rdzv_endpoint));
+    if (!endpoint || !endpoint->port)
+      return UsageError{"--rdzv-endpoint " + config.rdzv_endpoint +
+                        ": expected HOST:PORT or [IPV6]:PORT (the static backend's master)"};
+    if (app.count("--master-addr") > 0 && config.master_addr != endpoint->host)
+      config.warnings.push_back("--master-addr " + config.master_addr + " is ignored: --rdzv-endpoint " +
+                                config.rdzv_endpoint + " names the master (as in torchrun)");
+    if (config.master_port && *config.master_port != *endpoint->port)
+      config.warnings.push_back("--master-port " + std::to_string(*config.master_port) +
+                                " is ignored: --rdzv-endpoint " + config.rdzv_endpoint +
+                                " names the master (as in torchrun)");
+    config.master_addr = endpoint->host;
+    config.master_port = endpoint->port;
+    if (*config.master_port == 0) config.master_port.reset();  // Port 0: a free one.
+  }
+  // Static multi-node: every node must agree on the port, so torchrun's fixed default applies.
+  if (config.max_nodes > 1 && config.rdzv_backend == "static" && !config.master_port)
+    config.master_port = 29500;
   if (config.master_port && (*config.master_port < 1 || *config.master_port > 65535))
     return UsageError{"--master-port " + std::to_string(*config.master_port) +
                       ": expected 1-65535"};
@@ -329,11 +575,49 @@ ParseResult parse_arguments(const std::vector<std::string>& args, JobFile& job) 
   if (config.start_method != "spawn")
     config.warnings.push_back("--start-method " + config.start_method +
                               " is ignored: every worker is a fresh exec'ed process (spawn)");
-  // Static multi-node: every node must agree on the port, so torchrun's fixed default applies.
-  if (config.max_nodes > 1 && config.rdzv_backend == "static" && !config.master_port)
-    config.master_port = 29500;
+  std::string signals_error;
+  auto signals = parse_signal_list(signals_text, &signals_error);
+  if (!signals) return UsageError{signals_error};
+  config.signals_to_handle = *signals;
+  if (!numa_text.empty()) {
+    config.numa_binding = parse_numa_binding(numa_text);
+    if (!config.numa_binding)
+      return UsageError{"--numa-binding " + numa_text +
+                        ": expected node, socket, exclusive or core-complex"};
+  }
+  if (event_log_handler != "null")
+    config.warnings.push_back("--event-log-handler " + event_log_handler +
+                              " is ignored: mcprun has no event log handlers");
+  if (!logs_specs.empty() && logs_specs != "default")
+    return UsageError{"--logs-specs " + logs_specs + ": mcprun has only torchrun's default "
+                      "LogsSpecs (default); its logs are laid out by --log-dir, --redirects and --tee"};
+  for (const auto* filters : {&stdout_filters, &stderr_filters})
+    if (!unquoted(*filters).empty())
+      return UsageError{std::string(filters == &stdout_filters ? "--duplicate-stdout-filters "
+                                                               : "--duplicate-stderr-filters ") +
+                        *filters + ": mcprun does not copy matching lines to a second file; keep "
+                        "every line with --log-dir and grep its stdout.log/stderr.log"};
+  if (app.count("--term-timeout") == 0 && !job.flag_lines.contains("term-timeout") &&
+      std::getenv("PET_TERM_TIMEOUT") == nullptr) {
+    if (shutdown_timeout) {
+      config.term_timeout = *shutdown_timeout;
+    } else if (const char* torch_timeout = std::getenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT")) {
+      char* end = nullptr;
+      const double seconds = std::strtod(torch_timeout, &end);
+      if (!*torch_timeout || *end != '\0' || !(seconds >= 0))
+        return UsageError{std::string("TORCH_ELASTIC_SHUTDOWN_TIMEOUT=") + torch_timeout +
+                          ": expected seconds >= 0"};
+      config.term_timeout = seconds;
+    }
+  }
+  // torchrun reads the template from its own environment (a job file's env: counts as exported).
+  const char* prefix_template = std::getenv(kLogLinePrefixTemplateVariable);
+  if (auto it = job.env.find(kLogLinePrefixTemplateVariable); it != job.env.end())
+    prefix_template = it->second.c_str();
+  if (prefix_template && *prefix_template) config.log_line_prefix_template = prefix_template;
+
   if (config.standalone) config.master_addr = "127.0.0.1";
-  else if (!config.local_addr.empty() && app.count("--master-addr") == 0 &&
+  else if (!static_endpoint && !config.local_addr.empty() && app.count("--master-addr") == 0 &&
            !job.flag_lines.contains("master-addr") && std::getenv("PET_MASTER_ADDR") == nullptr)
     config.master_addr = config.local_addr;
   return config;

@@ -1,6 +1,7 @@
 // What the user asked for: torchrun's command line (both spellings, PET_* variables) parsed once.
 #pragma once
 
+#include <csignal>
 #include <map>
 #include <optional>
 #include <set>
@@ -77,8 +78,15 @@ struct LaunchConfig {
   bool virtual_local_rank = false;      ///< --virtual-local-rank: one visible GPU, LOCAL_RANK=0.
   std::optional<std::string> gpus;      ///< --gpus subset, CUDA_VISIBLE_DEVICES syntax.
   enum class CpuBind { kNone, kNuma } bind = CpuBind::kNone;
-  /// --numa-binding: torchrun 2.x's CPU sets per GPU (node, socket, exclusive, core-complex).
+  /// --numa-binding: torchrun 2.x's CPU sets per GPU (node, socket, exclusive, core-complex);
+  /// nullopt: not asked for (see also --bind).
   std::optional<NumaBinding> numa_binding;
+  /// --signals-to-handle: what mcprun catches. The stopping ones stop the group; SIGUSR1/2 are
+  /// only forwarded to every worker.
+  std::set<int> signals_to_handle{SIGTERM, SIGINT, SIGHUP, SIGQUIT};
+  /// TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE: the console prefix with ${rank}, ${local_rank} and
+  /// ${role_name}; nullopt: mcprun's "[rankN]:".
+  std::optional<std::string> log_line_prefix_template;
   bool verbose = false;
   std::map<std::string, std::string> env;  ///< The job file's env:, added to every worker's environment.
   std::string summary_json;             ///< --summary-json: how the job ended, as JSON, for CI.
@@ -106,6 +114,23 @@ using ParseResult = std::variant<LaunchConfig, UsageError, InfoRequest>;
 /// Parses argv (without the subcommand) against the environment, for `PET_*` fallbacks, and
 /// the --config job file (the command line beats the file, which beats PET_* variables).
 ParseResult parse_launch_config(const std::vector<std::string>& args);
+
+/// The variable torchrun 2.x reads the console prefix from; mcprun reads it for itself.
+inline constexpr const char* kLogLinePrefixTemplateVariable = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE";
+
+/// torchrun's default --signals-to-handle.
+inline constexpr const char* kDefaultSignalsToHandle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
+
+/// Parses --signals-to-handle ("SIGTERM,SIGUSR1", the SIG optional); on an unknown or
+/// uncatchable name, sets `error` to the one line naming it.
+std::optional<std::set<int>> parse_signal_list(const std::string& text, std::string* error);
+
+/// The list as torchrun passes it to workers (TORCHELASTIC_SIGNALS_TO_HANDLE): names, in the
+/// order of the default list first.
+std::string format_signal_list(const std::set<int>& signals);
+
+/// A signal mcprun only forwards to every worker, without stopping the group (SIGUSR1/2).
+bool forwarded_only(int signal);
 
 /// Parses "3" or "0:1,2:3" (torchrun's --redirects/--tee syntax); nullopt when malformed.
 std::optional<StreamSpec> parse_stream_spec(const std::string& text);

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <boost/asio/buffer.hpp>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
@@ -20,11 +21,54 @@ void write_all(int fd, std::string_view text) {
   }
 }
 
+bool identifier_char(char c, bool first) {
+  return c == '_' || std::isalpha(static_cast<unsigned char>(c)) ||
+         (!first && std::isdigit(static_cast<unsigned char>(c)));
+}
+
 }  // namespace
 
-RankOutput::RankOutput(boost::asio::io_context& io, int rank, bool prefix, StreamRoute out,
+std::string console_prefix(const std::optional<std::string>& line_template, int rank,
+                           int local_rank, const std::string& role_name, bool several_ranks) {
+  if (!line_template) return several_ranks ? "[rank" + std::to_string(rank) + "]:" : "";
+  auto value_of = [&](std::string_view name) -> std::optional<std::string> {
+    if (name == "rank") return std::to_string(rank);
+    if (name == "local_rank") return std::to_string(local_rank);
+    if (name == "role_name") return role_name;
+    return std::nullopt;
+  };
+  const std::string& text = *line_template;
+  std::string prefix;
+  for (size_t i = 0; i < text.size();) {
+    if (text[i] != '$' || i + 1 == text.size()) {
+      prefix += text[i++];
+      continue;
+    }
+    if (text[i + 1] == '$') {  // "$$" is one "$".
+      prefix += '$';
+      i += 2;
+      continue;
+    }
+    const bool braced = text[i + 1] == '{';
+    const size_t start = i + 1 + braced;
+    size_t end = start;
+    while (end < text.size() && identifier_char(text[end], end == start)) ++end;
+    const bool closed = !braced || (end < text.size() && text[end] == '}');
+    auto value = end > start && closed ? value_of(std::string_view(text).substr(start, end - start))
+                                       : std::nullopt;
+    if (!value) {  // Not a known name: left as written.
+      prefix += text[i++];
+      continue;
+    }
+    prefix += *value;
+    i = end + braced;
+  }
+  return prefix;
+}
+
+RankOutput::RankOutput(boost::asio::io_context& io, std::string prefix, StreamRoute out,
                        StreamRoute err)
-    : prefix_(prefix ? "[rank" + std::to_string(rank) + "]:" : "") {
+    : prefix_(std::move(prefix)) {
   StreamRoute routes[2] = {std::move(out), std::move(err)};
   for (int i = 0; i < 2; ++i) {
     int fds[2];

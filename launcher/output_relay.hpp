@@ -1,5 +1,6 @@
-// Relays each worker's stdout/stderr: whole lines, prefixed "[rankN]:" on the console, copied to
-// per-rank log files, with a short tail kept for the failure report.
+// Relays each worker's stdout/stderr: whole lines, prefixed "[rankN]:" (or as
+// TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE says) on the console, copied to per-rank log files, with a
+// short tail kept for the failure report.
 #pragma once
 
 #include <boost/asio/io_context.hpp>
@@ -11,6 +12,7 @@
 #include <deque>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +22,12 @@ namespace mcprun {
 
 /// How many lines of a rank's output the failure report shows.
 inline constexpr size_t kTailLines = 20;
+
+/// A rank's console prefix: torchrun 2.x's TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE when given
+/// (string.Template's safe_substitute of ${rank}, ${local_rank}, ${role_name}; $$ is a "$";
+/// anything else stays as written), else "[rankN]:" when there are several ranks, else nothing.
+std::string console_prefix(const std::optional<std::string>& line_template, int rank,
+                           int local_rank, const std::string& role_name, bool several_ranks);
 
 /// Where one stream of one rank goes.
 struct StreamRoute {
@@ -31,7 +39,7 @@ struct StreamRoute {
 class RankOutput {
  public:
   /// Creates the pipes; `child_stdout()`/`child_stderr()` are the ends to hand to spawn.
-  RankOutput(boost::asio::io_context& io, int rank, bool prefix, StreamRoute out, StreamRoute err);
+  RankOutput(boost::asio::io_context& io, std::string prefix, StreamRoute out, StreamRoute err);
   ~RankOutput() { finish(); }
   RankOutput(const RankOutput&) = delete;
   RankOutput& operator=(const RankOutput&) = delete;

@@ -125,7 +125,8 @@ std::variant<RankPlan, UsageError> build_rank_plan(const LaunchConfig& config,
   const int group_world_size = config.uses_rendezvous() ? 1 : config.max_nodes;
   plan.job = JobIdentity{config.master_addr, master_port, config.rdzv_id, config.role,
                          config.max_restarts, nproc, nproc * group_world_size, group_rank,
-                         group_world_size, config.virtual_local_rank};
+                         group_world_size, config.virtual_local_rank,
+                         format_signal_list(config.signals_to_handle)};
   // Every worker sees the job's GPUs in topology order, so cuda:LOCAL_RANK is the GPU chosen for
   // that rank and set_device(LOCAL_RANK) works unchanged; GPUs beyond nproc stay hidden.
   std::vector<std::string> job_gpus;

@@ -59,6 +59,7 @@ Environment worker_env_delta(const JobIdentity& job, const WorkerIdentity& worke
       {"TORCHELASTIC_RESTART_COUNT", std::to_string(restart_count)},
       {"TORCHELASTIC_MAX_RESTARTS", std::to_string(job.max_restarts)},
       {"TORCHELASTIC_RUN_ID", job.run_id},
+      {"TORCHELASTIC_SIGNALS_TO_HANDLE", job.signals_to_handle},
       // mcprun hosts the job store at MASTER_ADDR:MASTER_PORT, so it sees the init barrier.
       {"TORCHELASTIC_USE_AGENT_STORE", "True"},
       {std::string(torch_keys::kInitBarrierSwitch), inherited_or(torch_keys::kInitBarrierSwitch.data(), "1")},

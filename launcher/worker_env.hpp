@@ -32,6 +32,8 @@ struct JobIdentity {
   int group_world_size = 1;
   /// torchrun 2.x's --virtual-local-rank: each worker sees only its own GPU, and LOCAL_RANK=0.
   bool virtual_local_rank = false;
+  /// TORCHELASTIC_SIGNALS_TO_HANDLE, as torchrun 2.x exports it.
+  std::string signals_to_handle;
 };
 
 /// One worker's place in the job.

@@ -11,10 +11,6 @@
 namespace mcprun {
 namespace {
 
-bool terminates_group(int signal) {
-  return signal == SIGINT || signal == SIGTERM || signal == SIGHUP || signal == SIGQUIT;
-}
-
 /// Adds the Python tracebacks faulthandler printed to a rank's stack dump file.
 void append_tracebacks(const std::filesystem::path& stack_file, const std::vector<std::string>& lines) {
   std::ofstream out(stack_file, std::ios::app);
@@ -32,11 +28,15 @@ WorkerGroup::WorkerGroup(boost::asio::io_context& io, ProcessControl& control,
       plan_(plan),
       config_(config),
       inherited_(inherited),
-      signals_(io, SIGCHLD, SIGINT, SIGTERM),
+      signals_(io, SIGCHLD),
       dumper_(io, control),
       python_tracebacks_(!inherited.contains("PYTHONFAULTHANDLER") ||
                          !inherited.at("PYTHONFAULTHANDLER").empty()) {
-  for (int signal : {SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2}) signals_.add(signal);
+  // --signals-to-handle; any other signal keeps its default action, as under torchrun, except
+  // SIGUSR1/2: a preemption warning that killed the launcher would lose the checkpoint it asks for.
+  for (int signal : config.signals_to_handle) signals_.add(signal);
+  for (int signal : {SIGUSR1, SIGUSR2})
+    if (!config.signals_to_handle.contains(signal)) signals_.add(signal);
   wait_for_signals();
 }
 
@@ -50,7 +50,8 @@ void WorkerGroup::wait_for_signals() {
 
 void WorkerGroup::on_signal(int signal) {
   if (signal == SIGCHLD) return on_child_exits();
-  if (!terminates_group(signal)) {  // SIGUSR1/2: the workers' business, not ours.
+  if (forwarded_only(signal)) {  // SIGUSR1/2: the workers' business (a checkpoint), not ours.
+    spdlog::info("received {}, forwarding it to every worker", signal_name(signal));
     signal_all(signal);
     return;
   }
@@ -180,7 +181,7 @@ AttemptResult WorkerGroup::run_attempt(int restart_count, const AttemptFiles& fi
   stall_.reset();
   stopping_ = escalate_ = false;
   AttemptResult result;
-  const bool prefix = plan_.slots.size() > 1;
+  const bool several_ranks = plan_.slots.size() > 1;
 
   workers_.reserve(plan_.slots.size());
   for (const RankSlot& slot : plan_.slots) {
@@ -195,7 +196,10 @@ AttemptResult WorkerGroup::run_attempt(int restart_count, const AttemptFiles& fi
                     files.keep_logs ? rank_dir / "stderr.log" : std::filesystem::path()};
     Worker& worker = workers_.emplace_back();
     worker.slot = &slot;
-    worker.output = std::make_unique<RankOutput>(io_, slot.identity.rank, prefix, out, err);
+    worker.output = std::make_unique<RankOutput>(
+        io_, console_prefix(config_.log_line_prefix_template, slot.identity.rank, local_rank,
+                            plan_.job.role, several_ranks),
+        out, err);
     worker.outcome.rank = slot.identity.rank;
     worker.outcome.local_rank = local_rank;
     worker.outcome.error_file = rank_dir / "error.json";

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <csignal>
+
 namespace mcprun {
 namespace {
 
@@ -100,6 +102,176 @@ TEST(LaunchConfig, HelpShowsDefaultsAndFiniteTimeouts) {
   EXPECT_NE(help.find("--term-timeout"), std::string::npos);
   EXPECT_NE(help.find("10"), std::string::npos);
   EXPECT_NE(help.find("--nproc_per_node"), std::string::npos);
+}
+
+TEST(LaunchConfig, ArgparseAbbreviationsOfLongFlags) {
+  EXPECT_EQ(parse_ok({"--redirect=3", "t.py"}).redirects.all, 3);
+  EXPECT_EQ(parse_ok({"--redirect", "3", "t.py"}).redirects.all, 3);
+  EXPECT_EQ(parse_ok({"--nproc_per=2", "t.py"}).nproc.count, 2);
+  EXPECT_EQ(parse_ok({"--nproc-per=2", "t.py"}).nproc.count, 2);
+  EXPECT_EQ(parse_ok({"--nproc", "2", "t.py"}).nproc.count, 2);  // Both spellings: one flag.
+  EXPECT_EQ(parse_ok({"--max_rest", "2", "--stand", "t.py"}).max_restarts, 2);
+  EXPECT_TRUE(parse_ok({"--max_rest", "2", "--stand", "t.py"}).standalone);
+  EXPECT_EQ(parse_ok({"--master_a", "10.0.0.1", "t.py"}).master_addr, "10.0.0.1");
+  // An option's value is not a flag, and the script is found after it.
+  LaunchConfig config = parse_ok({"--rdzv-i", "--stand", "--tee", "1", "t.py", "--redirect=1"});
+  EXPECT_EQ(config.rdzv_id, "--stand");
+  EXPECT_FALSE(config.standalone);
+  EXPECT_EQ(config.tee.all, 1);
+  EXPECT_EQ(config.redirects.all, 0);
+  EXPECT_EQ(config.script_args, std::vector<std::string>{"--redirect=1"});
+  // Everything from the script on belongs to the script, prefixes included.
+  LaunchConfig untouched = parse_ok({"-n", "2", "t.py", "--nproc", "5", "--stand"});
+  EXPECT_EQ(untouched.script_args, (std::vector<std::string>{"--nproc", "5", "--stand"}));
+  LaunchConfig dashed = parse_ok({"--", "t.py", "--redirect=3"});
+  EXPECT_EQ(dashed.script_args, std::vector<std::string>{"--redirect=3"});
+  EXPECT_EQ(parse_ok({"-n4", "t.py"}).nproc.count, 4);
+}
+
+TEST(LaunchConfig, AmbiguousPrefixNamesTheCandidates) {
+  std::string message = parse_error({"--rdzv=x", "t.py"});
+  for (const char* candidate : {"--rdzv-backend", "--rdzv-endpoint", "--rdzv-id", "--rdzv-conf"})
+    EXPECT_NE(message.find(candidate), std::string::npos) << message;
+  EXPECT_NE(message.find("ambiguous"), std::string::npos) << message;
+  EXPECT_NE(parse_error({"--ma", "1", "t.py"}).find("--max-restarts"), std::string::npos);
+  EXPECT_NE(parse_error({"--bogus-flag", "t.py"}).find("--bogus-flag"), std::string::npos);
+}
+
+TEST(LaunchConfig, QuotedRdzvConfIsUnquoted) {
+  for (const char* text : {"'join_timeout=5,last_call_timeout=1'", "\"join_timeout=5,last_call_timeout=1\"",
+                           "'join_timeout=5','last_call_timeout=1'", "join_timeout='5',last_call_timeout=\"1\"",
+                           " join_timeout = 5 , last_call_timeout=1 "}) {
+    LaunchConfig config = parse_ok({"--rdzv-conf", text, "t.py"});
+    EXPECT_EQ(config.join_timeout, 5) << text;
+    EXPECT_EQ(config.last_call_timeout, 1) << text;
+    EXPECT_TRUE(config.warnings.empty()) << text;
+  }
+  EXPECT_EQ(parse_ok({"--rdzv_conf='join_timeout=7'", "t.py"}).join_timeout, 7);
+}
+
+TEST(LaunchConfig, TorchrunRdzvConfKeysAreAcceptedWithOneWarning) {
+  LaunchConfig config = parse_ok(
+      {"--rdzv-conf",
+       "join_timeout=5,timeout=5,close_timeout=10,read_timeout=60,heartbeat_timeout=3,"
+       "keep_alive_interval=5,keep_alive_max_attempt=3,store_type=tcp,use_libuv=1,is_host=yes",
+       "t.py"});
+  EXPECT_EQ(config.join_timeout, 5);
+  EXPECT_EQ(config.is_host, true);
+  ASSERT_EQ(config.warnings.size(), 1u);
+  for (const char* key : {"timeout", "close_timeout", "read_timeout", "heartbeat_timeout",
+                          "keep_alive_interval", "keep_alive_max_attempt", "store_type", "use_libuv"})
+    EXPECT_NE(config.warnings[0].find(key), std::string::npos) << key;
+  EXPECT_EQ(parse_ok({"--rdzv-conf", "is_host=F", "t.py"}).is_host, false);
+  // Honoured keys with malformed values, a missing value and unknown keys are usage errors.
+  for (const char* text : {"join_timeout=soon", "last_call_timeout=-1", "is_host=maybe",
+                           "join_timeout=", "join_timout=5"})
+    EXPECT_NE(parse_error({"--rdzv-conf", text, "t.py"}).find("--rdzv-conf"), std::string::npos) << text;
+}
+
+TEST(LaunchConfig, StaticRdzvEndpointIsTheMaster) {
+  LaunchConfig config = parse_ok({"--rdzv-endpoint", "10.1.2.3:29611", "t.py"});
+  EXPECT_EQ(config.master_addr, "10.1.2.3");
+  EXPECT_EQ(config.master_port, 29611);
+  // As torchrun's get_rdzv_endpoint: the endpoint beats --master-addr/--master-port.
+  LaunchConfig both = parse_ok({"--master-addr", "10.9.9.9", "--master-port", "1234",
+                                "--rdzv_endpoint=node0:29611", "--nnodes", "2", "t.py"});
+  EXPECT_EQ(both.master_addr, "node0");
+  EXPECT_EQ(both.master_port, 29611);
+  EXPECT_EQ(both.warnings.size(), 2u);
+  LaunchConfig ipv6 = parse_ok({"--rdzv-endpoint", "[::1]:29612", "t.py"});
+  EXPECT_EQ(ipv6.master_addr, "::1");
+  EXPECT_EQ(ipv6.master_port, 29612);
+  // Without a port torchrun's static rendezvous refuses; so does mcprun.
+  EXPECT_NE(parse_error({"--rdzv-endpoint", "node0", "t.py"}).find("--rdzv-endpoint"), std::string::npos);
+  EXPECT_NE(parse_error({"--rdzv-endpoint", "node0:http", "t.py"}).find("--rdzv-endpoint"), std::string::npos);
+  // c10d: the endpoint is the rendezvous, not the master.
+  LaunchConfig c10d = parse_ok({"--rdzv-backend", "c10d", "--rdzv-endpoint", "node0:29400",
+                                "--nnodes", "1:2", "t.py"});
+  EXPECT_EQ(c10d.master_addr, "127.0.0.1");
+  EXPECT_EQ(c10d.rdzv_endpoint, "node0:29400");
+}
+
+TEST(LaunchConfig, SignalsToHandle) {
+  EXPECT_EQ(parse_ok({"t.py"}).signals_to_handle, (std::set<int>{SIGTERM, SIGINT, SIGHUP, SIGQUIT}));
+  LaunchConfig slurm = parse_ok({"--signals-to-handle", "SIGTERM,SIGINT,SIGUSR1,SIGUSR2", "t.py"});
+  EXPECT_EQ(slurm.signals_to_handle, (std::set<int>{SIGTERM, SIGINT, SIGUSR1, SIGUSR2}));
+  EXPECT_EQ(parse_ok({"--signals_to_handle=SIGTERM, USR1", "t.py"}).signals_to_handle,
+            (std::set<int>{SIGTERM, SIGUSR1}));
+  ::setenv("PET_SIGNALS_TO_HANDLE", "SIGUSR2", 1);
+  EXPECT_EQ(parse_ok({"t.py"}).signals_to_handle, std::set<int>{SIGUSR2});
+  ::unsetenv("PET_SIGNALS_TO_HANDLE");
+  EXPECT_TRUE(forwarded_only(SIGUSR1));
+  EXPECT_FALSE(forwarded_only(SIGTERM));
+  for (const char* bad : {"SIGTERM,SIGFOO", "SIGKILL", "SIGCHLD", "15"}) {
+    std::string message = parse_error({"--signals-to-handle", bad, "t.py"});
+    EXPECT_NE(message.find("--signals-to-handle"), std::string::npos) << bad;
+    EXPECT_NE(message.find("SIGUSR1"), std::string::npos) << message;
+  }
+}
+
+TEST(LaunchConfig, NumaBindingAndVirtualLocalRank) {
+  EXPECT_FALSE(parse_ok({"t.py"}).numa_binding);
+  EXPECT_FALSE(parse_ok({"t.py"}).virtual_local_rank);
+  using Mode = NumaBinding;
+  EXPECT_EQ(parse_ok({"--numa-binding", "node", "t.py"}).numa_binding, Mode::kNode);
+  EXPECT_EQ(parse_ok({"--numa_binding=socket", "t.py"}).numa_binding, Mode::kSocket);
+  EXPECT_EQ(parse_ok({"--numa-binding", "exclusive", "t.py"}).numa_binding, Mode::kExclusive);
+  EXPECT_EQ(parse_ok({"--numa-binding", "core-complex", "t.py"}).numa_binding, Mode::kCoreComplex);
+  std::string message = parse_error({"--numa-binding", "rack", "t.py"});
+  EXPECT_NE(message.find("core-complex"), std::string::npos) << message;
+  EXPECT_TRUE(parse_ok({"--virtual-local-rank", "t.py"}).virtual_local_rank);
+  EXPECT_TRUE(parse_ok({"--virtual_local_rank", "t.py"}).virtual_local_rank);
+}
+
+TEST(LaunchConfig, TorchrunOnlyFlagsAreAcceptedHonestly) {
+  EXPECT_TRUE(parse_ok({"--event-log-handler", "null", "t.py"}).warnings.empty());
+  LaunchConfig handler = parse_ok({"--event_log_handler=scuba", "t.py"});
+  ASSERT_EQ(handler.warnings.size(), 1u);
+  EXPECT_NE(handler.warnings[0].find("event log"), std::string::npos);
+  parse_ok({"--logs-specs", "default", "t.py"});
+  parse_ok({"--logs_specs=default", "t.py"});
+  EXPECT_NE(parse_error({"--logs_specs=DOESNOT_EXIST", "t.py"}).find("--logs-specs"), std::string::npos);
+  parse_ok({"--duplicate-stdout-filters", "''", "--duplicate_stderr_filters=''", "t.py"});
+  EXPECT_NE(parse_error({"--duplicate-stdout-filters", "apple,orange", "t.py"}).find("apple"),
+            std::string::npos);
+  EXPECT_NE(parse_error({"-n", "xpu", "t.py"}).find("NVIDIA"), std::string::npos);
+  EXPECT_EQ(parse_ok({"--shutdown-timeout", "3", "t.py"}).term_timeout, 3);
+  EXPECT_EQ(parse_ok({"--shutdown_timeout=3", "--term-timeout", "4", "t.py"}).term_timeout, 4);
+  ::setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "7", 1);
+  EXPECT_EQ(parse_ok({"t.py"}).term_timeout, 7);
+  EXPECT_EQ(parse_ok({"--shutdown-timeout", "3", "t.py"}).term_timeout, 3);
+  ::unsetenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
+  EXPECT_EQ(parse_ok({"t.py"}).term_timeout, 10);
+  // The rest of torch 2.x's run.py, as users type them.
+  LaunchConfig config = parse_ok(
+      {"--nnodes=1", "--nproc_per_node=2", "--rdzv_id=job7", "--rdzv_backend=static",
+       "--monitor_interval=1", "--start_method=spawn", "--role=trainer", "--log_dir=/tmp/l",
+       "--redirects=0:3", "--tee=1", "--local_ranks_filter=0", "--node_rank=0",
+       "--master_addr=localhost", "--master_port=29501", "--local_addr=127.0.0.1", "--max_restarts=1",
+       "--run_path", "t.py"});
+  EXPECT_EQ(config.role, "trainer");
+  EXPECT_EQ(config.rdzv_id, "job7");
+  EXPECT_EQ(config.master_addr, "localhost");
+  EXPECT_TRUE(config.run_path);
+}
+
+TEST(LaunchConfig, LogLinePrefixTemplateIsReadFromTheEnvironment) {
+  EXPECT_FALSE(parse_ok({"t.py"}).log_line_prefix_template);
+  ::setenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[${role_name}${rank}]: ", 1);
+  EXPECT_EQ(parse_ok({"t.py"}).log_line_prefix_template, "[${role_name}${rank}]: ");
+  ::setenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "", 1);  // Empty: torchrun's default.
+  EXPECT_FALSE(parse_ok({"t.py"}).log_line_prefix_template);
+  ::unsetenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE");
+}
+
+TEST(LaunchConfig, HelpNamesTorchrun2Flags) {
+  ParseResult result = parse_launch_config({"--help"});
+  ASSERT_TRUE(std::holds_alternative<InfoRequest>(result));
+  const std::string& help = std::get<InfoRequest>(result).text;
+  for (const char* flag : {"--signals-to-handle", "--numa-binding", "--virtual-local-rank",
+                           "--event-log-handler", "--logs-specs", "--shutdown-timeout",
+                           "--duplicate-stdout-filters", "SIGUSR1", "core-complex"})
+    EXPECT_NE(help.find(flag), std::string::npos) << flag;
 }
 
 }  // namespace

@@ -8,7 +8,8 @@ namespace mcprun {
 namespace {
 
 JobIdentity four_rank_job() {
-  return JobIdentity{"127.0.0.1", 29511, "job7", "trainer", 2, 4, 4, 0, 1, false};
+  return JobIdentity{"127.0.0.1", 29511, "job7", "trainer", 2, 4, 4, 0, 1, false,
+                     "SIGTERM,SIGINT,SIGHUP,SIGQUIT"};
 }
 
 WorkerIdentity worker(int local_rank, std::vector<std::string> visible_gpus = {}) {
@@ -35,6 +36,7 @@ TEST(WorkerEnv, TorchrunContract) {
   EXPECT_EQ(env["TORCHELASTIC_RESTART_COUNT"], "1");
   EXPECT_EQ(env["TORCHELASTIC_MAX_RESTARTS"], "2");
   EXPECT_EQ(env["TORCHELASTIC_RUN_ID"], "job7");
+  EXPECT_EQ(env["TORCHELASTIC_SIGNALS_TO_HANDLE"], "SIGTERM,SIGINT,SIGHUP,SIGQUIT");
   EXPECT_EQ(env["TORCHELASTIC_ERROR_FILE"], "/run/attempt_1/2/error.json");
   EXPECT_EQ(env["NCCL_ASYNC_ERROR_HANDLING"], "1");
   EXPECT_EQ(env["TORCH_NCCL_ASYNC_ERROR_HANDLING"], "1");
