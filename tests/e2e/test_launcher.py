@@ -6,7 +6,7 @@ import socket
 import subprocess
 import time
 
-from harness import MCPRUN, PYTHON, REPO, TORCHRUN, TORCH_VERSION, LauncherTestCase, alive, wait_for
+from harness import MCPRUN, PYTHON, REPO, TORCH2, TORCHRUN, TORCH_VERSION, LauncherTestCase, alive, wait_for
 import fake_sysfs
 
 # A worker that records its pid, then behaves as $BEHAVIOUR_<local rank> says (default: sleep).
@@ -62,6 +62,8 @@ with open(os.path.join(sys.argv[1], "env.%s.json" % os.environ["RANK"]), "w") as
             reference.pop("TORCHELASTIC_ERROR_FILE")
             self.assertEqual(mine.pop("TORCHELASTIC_USE_AGENT_STORE"), "True")  # Both host the store.
             self.assertEqual(reference.pop("TORCHELASTIC_USE_AGENT_STORE"), "True")
+            if not TORCH2:  # torchrun 2.x's variables, which mcprun sets for every torch.
+                self.assertEqual(mine.pop("TORCHELASTIC_SIGNALS_TO_HANDLE"), "SIGTERM,SIGINT,SIGHUP,SIGQUIT")
             for name in self.MCPRUN_ONLY:
                 mine.pop(name, None)
                 reference.pop(name, None)
