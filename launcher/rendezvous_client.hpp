@@ -95,6 +95,8 @@ class RendezvousClient {
   void heartbeat();
   void beat();
   void flush(std::chrono::milliseconds limit);
+  /// Logs a message from the rendezvous that failed to parse; the connection goes on.
+  void ignore_malformed(const std::string& reason) const;
 
   boost::asio::io_context& io_;
   std::string endpoint_;
