@@ -15,3 +15,6 @@ BUILD_DIR=build-asan BUILD_TYPE=Debug scripts/build.sh -DMCPRUN_SANITIZE=ON
 echo "== tests under ASan + UBSan"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --output-on-failure -j 2)
+
+echo "== fuzzing (libFuzzer + ASan + UBSan, bounded)"
+scripts/fuzz.sh
