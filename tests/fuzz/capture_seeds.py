@@ -117,6 +117,8 @@ def capture_store(python):
     server.terminate()
     server.wait()
     for index, (sent, _) in enumerate(proxy.streams):
+        if not sent:
+            continue  # A connection torch opened and closed unused.
         save("store_protocol", f"torch-{version}-{index}", b"\x00" + bytes(sent))
         save("store_protocol", f"torch-{version}-{index}-split", b"\x02" + bytes(sent))
 
