@@ -11,9 +11,9 @@ namespace {
 
 using json = nlohmann::json;
 
-/// The longest a message's timeouts may be: a day, far beyond any real one, small enough that
-/// converting it to milliseconds cannot overflow.
-constexpr double kMaxSeconds = 86400;
+/// The longest a message's timeouts may be: about 115 days, beyond any a user would set, small
+/// enough that converting it to milliseconds cannot overflow.
+constexpr double kMaxSeconds = 1e7;
 /// Ports, ranks and counts fit here; a larger number is a hostile or broken peer.
 constexpr int kMaxCount = 1 << 24;
 
