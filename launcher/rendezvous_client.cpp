@@ -1,12 +1,14 @@
 #include "launcher/rendezvous_client.hpp"
 
 #include <boost/asio/connect.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
 #include <boost/asio/write.hpp>
 #include <unistd.h>
 
 #include <cstdio>
 #include <optional>
+#include <utility>
 
 #include "common/event_loop.hpp"
 #include "common/exit_status.hpp"
@@ -100,6 +102,8 @@ std::variant<Assignment, std::string> RendezvousClient::join(nlohmann::json join
       progress_shown = true;
     } else if (!reply) {
       reply = message;
+    } else {
+      early_.push_back(message);  // Read with the assignment, before watch(): a failure, say.
     }
   };
   send(join);
@@ -204,6 +208,15 @@ void RendezvousClient::watch(PeerEvents events) {
       events.on_barrier_done(std::get<BarrierDone>(parsed).name);
     }
   };
+  replay_early_messages();
+}
+
+void RendezvousClient::replay_early_messages() {
+  if (early_.empty()) return;
+  asio::post(io_, [this, alive = alive_, early = std::exchange(early_, {})] {
+    for (const nlohmann::json& message : early)
+      if (*alive && on_message_) on_message_(message);
+  });
 }
 
 void RendezvousClient::ignore_malformed(const std::string& reason) const {
