@@ -334,7 +334,7 @@ void RendezvousServer::handle_rejoin(const std::shared_ptr<AgentSession>& sessio
                  group_world_size);
     // Nodes that do not come back within a lease are lost, as if they had gone silent.
     job.deadline->expires_after(settings_.lease);
-    job.deadline->async_wait([this, job_id, generation = job.generation](boost::system::error_code ec) {
+    job.deadline->async_wait([this, job_id = job_id, generation = job.generation](boost::system::error_code ec) {
       auto found = jobs_.find(job_id);
       if (ec || found == jobs_.end() || found->second.generation != generation) return;
       Job& rebuilt = found->second;
