@@ -57,6 +57,8 @@ inline constexpr int kProtocolVersion = 1;
 /// make the daemon buffer much.
 inline constexpr uint32_t kMaxFrameBytes = 64 * 1024;
 inline constexpr size_t kFrameHeaderBytes = 4;
+/// Deepest nesting of arrays and objects accepted: real messages nest 3 levels.
+inline constexpr size_t kMaxNesting = 32;
 
 /// The bytes of one frame for `message` (adds "v").
 std::string encode_frame(nlohmann::json message);

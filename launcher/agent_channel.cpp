@@ -3,102 +3,67 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <boost/asio/write.hpp>
-#include <array>
-#include <deque>
-
+#include "common/framed_session.hpp"
 #include "common/logging.hpp"
-#include "common/protocol.hpp"
+#include "common/messages.hpp"
 
 namespace mcprun {
 
 namespace asio = boost::asio;
 using local = asio::local::stream_protocol;
 
+/// A worker may call mcprun.heartbeat() once per step, however short its steps: the job's own
+/// processes get no message-rate cap, only the cap on answers they leave unread.
+constexpr SessionLimits kWorkerLimits{.messages_per_second = 1e12, .message_burst = 1e12};
+
 /// One worker process's connection.
-class ChannelSession : public std::enable_shared_from_this<ChannelSession> {
+class ChannelSession : public FramedSession {
  public:
   ChannelSession(local::socket socket, AgentChannel& channel)
-      : socket_(std::move(socket)), channel_(channel) {}
-
-  void start() { read(); }
+      : FramedSession(Socket(std::move(socket)), "a worker's helper connection", kWorkerLimits),
+        channel_(channel) {}
 
   /// Replies to a pending barrier(name) call, if this worker is waiting at it.
   void complete_barrier(const std::string& name) {
     if (!waiting_at_.erase(name)) return;
-    const bool idle = writes_.empty();
-    writes_.push_back(encode_frame({{"type", "barrier_done"}, {"name", name}}));
-    if (idle) write_next();
-  }
-
-  void close() {
-    if (closed_) return;  // Queued handlers may still call it after the channel closed us.
-    closed_ = true;
-    boost::system::error_code ignored;
-    socket_.close(ignored);
-    channel_.on_closed(shared_from_this());
+    send({{"type", "barrier_done"}, {"name", name}});
   }
 
  private:
-  void read() {
-    socket_.async_read_some(asio::buffer(chunk_), [self = shared_from_this()](
-                                                      boost::system::error_code ec, size_t n) {
-      if (ec) return self->close();
-      self->buffer_.append(self->chunk_.data(), n);
-      if (self->drain_frames()) self->read();
-    });
-  }
-
-  /// Handles every whole frame buffered; false once the session is closed.
-  bool drain_frames() {
-    for (;;) {
-      FrameResult result = decode_frame(buffer_);
-      if (std::holds_alternative<FrameIncomplete>(result)) return true;
-      if (auto* error = std::get_if<FrameError>(&result)) {
-        spdlog::warn("worker helper connection sent a bad frame: {}; closing it", error->message);
-        close();
-        return false;
-      }
-      Frame& frame = std::get<Frame>(result);
-      buffer_.erase(0, frame.consumed);
-      handle(frame.message);
-    }
-  }
-
-  void handle(const nlohmann::json& message) {
-    const std::string type = message["type"];
+  void on_frame(const nlohmann::json& message) override {
+    const std::string type = message_type(message);
     const ChannelListener& listener = channel_.listener();
     if (type == "hello") {
-      rank_ = message.value("rank", -1);
+      auto hello = parse_hello(message);
+      if (auto* error = std::get_if<std::string>(&hello)) return refuse(*error);
+      rank_ = std::get<HelloMessage>(hello).rank;
+      set_peer("rank " + std::to_string(rank_) + "'s helper");
     } else if (type == "heartbeat") {
       if (listener.on_heartbeat && rank_ >= 0) listener.on_heartbeat(rank_);
     } else if (type == "barrier") {
-      const std::string name = message.value("name", std::string());
-      waiting_at_.insert(name);
-      if (listener.on_barrier && rank_ >= 0)
-        listener.on_barrier(rank_, name, message.value("timeout_s", 0.0));
+      auto request = parse_barrier_request(message);
+      if (auto* error = std::get_if<std::string>(&request)) return refuse(*error);
+      const BarrierRequest& barrier = std::get<BarrierRequest>(request);
+      waiting_at_.insert(barrier.name);
+      if (listener.on_barrier && rank_ >= 0) listener.on_barrier(rank_, barrier.name, barrier.timeout_s);
     } else {
-      spdlog::warn("rank {}'s helper sent an unknown message '{}'", rank_, type);
+      spdlog::warn("{} sent an unknown message '{}'", peer(), type);
     }
   }
 
-  void write_next() {
-    asio::async_write(socket_, asio::buffer(writes_.front()),
-                      [self = shared_from_this()](boost::system::error_code ec, size_t) {
-                        if (ec) return self->close();
-                        self->writes_.pop_front();
-                        if (!self->writes_.empty()) self->write_next();
-                      });
+  /// A malformed message closes this worker's connection: the helper raises, the job goes on.
+  void refuse(const std::string& reason) {
+    spdlog::warn("{} sent a malformed message ({}); closing it", peer(), reason);
+    close();
   }
 
-  local::socket socket_;
+  void on_closed() override {
+    channel_.on_closed(std::static_pointer_cast<ChannelSession>(shared_from_this()));
+  }
+
   AgentChannel& channel_;
-  std::array<char, 4096> chunk_;
-  std::string buffer_;
-  std::deque<std::string> writes_;
   std::set<std::string> waiting_at_;
   int rank_ = -1;
-  bool closed_ = false;
 };
 
 AgentChannel::AgentChannel(asio::io_context& io, std::filesystem::path path,
@@ -124,7 +89,7 @@ void AgentChannel::accept() {
     if (ec) return;  // Closed: the agent is shutting down.
     auto session = std::make_shared<ChannelSession>(std::move(socket), *this);
     sessions_.insert(session);
-    session->start();
+    session->start(std::chrono::milliseconds::zero());  // A worker may be quiet for hours.
     accept();
   });
 }

@@ -30,6 +30,7 @@
 
 #include "common/exit_status.hpp"
 #include "launcher/subcommand.hpp"
+#include "common/messages.hpp"
 #include "common/protocol.hpp"
 #include "common/topology.hpp"
 #include "common/unique_fd.hpp"
@@ -1156,13 +1157,16 @@ std::variant<ClockReading, std::string> SystemDoctorProbes::read_clock(
     const auto rtt = std::chrono::steady_clock::now() - sent;
     if (auto* error = std::get_if<std::string>(&reply)) return *error;
     const nlohmann::json& message = std::get<nlohmann::json>(reply);
-    if (message.value("type", "") == "error")
-      return "the rendezvous refused 'clock': " + message.value("message", std::string("?")) +
+    const std::string type = message_type(message);
+    if (type == "error") {
+      auto refused = parse_text(message);
+      const auto* text = std::get_if<TextMessage>(&refused);
+      return "the rendezvous refused 'clock': " + (text ? text->message : std::string("?")) +
              " (a rendezvousd older than this mcprun?)";
+    }
     auto remote = message.find("unix_time_ns");
-    if (message.value("type", "") != "clock" || remote == message.end() ||
-        !remote->is_number_integer())
-      return "the rendezvous answered 'clock' with " + message.value("type", std::string("?"));
+    if (type != "clock" || remote == message.end() || !remote->is_number_integer())
+      return "the rendezvous answered 'clock' with " + type;
     // The daemon read its clock, at best guess, halfway through the round trip.
     const int64_t midpoint_ns =
         sent_unix_ns + std::chrono::duration_cast<std::chrono::nanoseconds>(rtt).count() / 2;

@@ -11,6 +11,8 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <variant>
 
 namespace mcprun {
 
@@ -24,6 +26,18 @@ struct ExpiredTimer {
   double expiration_time = 0;  ///< Epoch seconds, as the client sent it.
   int signal = 0;              ///< What the client asked to be killed with (0: none).
 };
+
+/// One JSON line of torch's FileTimerClient: acquire (expiration_time >= 0) or release.
+struct TimerRequest {
+  pid_t pid = 0;
+  std::string scope_id;
+  double expiration_time = 0;  ///< Epoch seconds; negative: release.
+  int signal = 0;
+};
+
+/// Parses one request line (without its newline); the reason it is ignored otherwise. Blank
+/// lines are an empty reason.
+std::variant<TimerRequest, std::string> parse_timer_request(std::string_view line);
 
 /// Keeps timers keyed by (pid, scope_id) like torch's server and reports each expiry once.
 /// Unlike torch's server it does not itself send the client's signal: mcprun treats an expiry as

@@ -17,6 +17,7 @@
 #include "common/event_loop.hpp"
 #include "common/exit_status.hpp"
 #include "launcher/subcommand.hpp"
+#include "common/messages.hpp"
 #include "common/protocol.hpp"
 
 namespace mcprun {
@@ -91,26 +92,25 @@ std::string format_age(double seconds) {
   return fmt::format("{:.1f}h", seconds / 3600);
 }
 
-void print_jobs(const nlohmann::json& jobs) {
+void print_jobs(const std::vector<JobSummary>& jobs) {
   std::cout << fmt::format("{:<24} {:<24} {:>5} {:>5} {:<9} {:>6}\n", "ID", "OWNER", "NODES",
                            "RANKS", "STATE", "AGE");
-  for (const auto& job : jobs)
-    std::cout << fmt::format("{:<24} {:<24} {:>5} {:>5} {:<9} {:>6}\n", job.value("id", ""),
-                             job.value("owner", ""), job.value("nodes", 0), job.value("ranks", 0),
-                             job.value("state", ""), format_age(job.value("age_s", 0.0)));
+  for (const JobSummary& job : jobs)
+    std::cout << fmt::format("{:<24} {:<24} {:>5} {:>5} {:<9} {:>6}\n", job.id, job.owner, job.nodes,
+                             job.ranks, job.state, format_age(job.age_s));
 }
 
-void print_status(const nlohmann::json& job) {
-  std::cout << fmt::format("job {}: {}, owner {}, {} node(s) ({}..{}), {} rank(s), age {}\n",
-                           job.value("id", ""), job.value("state", ""), job.value("owner", ""),
-                           job.value("nodes", 0), job.value("min_nodes", 0), job.value("max_nodes", 0),
-                           job.value("ranks", 0), format_age(job.value("age_s", 0.0)));
-  if (job.contains("master")) std::cout << "  master " << job["master"].get<std::string>() << "\n";
-  for (const auto& node : job.value("placement", nlohmann::json::array()))
-    std::cout << fmt::format("  node rank {}: {} ({}), ranks {}\n", node.value("group_rank", 0),
-                             node.value("node", ""), node.value("addr", ""), node.value("ranks", ""));
-  for (const auto& member : job.value("members", nlohmann::json::array()))
-    if (!member.value("connected", false)) std::cout << "  " << member.value("node", "") << ": disconnected\n";
+void print_status(const JobStatus& status) {
+  const JobSummary& job = status.summary;
+  std::cout << fmt::format("job {}: {}, owner {}, {} node(s) ({}..{}), {} rank(s), age {}\n", job.id,
+                           job.state, job.owner, job.nodes, status.min_nodes, status.max_nodes,
+                           job.ranks, format_age(job.age_s));
+  if (!status.master.empty()) std::cout << "  master " << status.master << "\n";
+  for (const JobPlacementLine& node : status.placement)
+    std::cout << fmt::format("  node rank {}: {} ({}), ranks {}\n", node.group_rank, node.node,
+                             node.addr, node.ranks);
+  for (const JobMember& member : status.members)
+    if (!member.connected) std::cout << "  " << member.node << ": disconnected\n";
 }
 
 }  // namespace
@@ -145,16 +145,29 @@ int run_operator_command(const std::vector<std::string>& args) {
     return kExitRendezvous;
   }
   const nlohmann::json& reply = *answer;
-  if (reply.value("type", "") == "error") {
-    std::fprintf(stderr, "mcprun: %s\n", reply.value("message", std::string("refused")).c_str());
+  // Each answer is parsed before anything is printed: a malformed one is one line, not a crash.
+  auto malformed = [&](const std::string& reason) {
+    std::fprintf(stderr, "mcprun: rendezvousd at %s sent a malformed %s\n", endpoint.c_str(), reason.c_str());
+    return kExitRendezvous;
+  };
+  const std::string type = message_type(reply);
+  if (type == "error") {
+    auto refused = parse_text(reply);
+    if (auto* error = std::get_if<std::string>(&refused)) return malformed(*error);
+    const std::string& message = std::get<TextMessage>(refused).message;
+    std::fprintf(stderr, "mcprun: %s\n", message.empty() ? "refused" : message.c_str());
     return kExitFailure;
   }
   if (command == "jobs") {
+    auto jobs = parse_jobs_reply(reply);
+    if (auto* error = std::get_if<std::string>(&jobs)) return malformed(*error);
     if (json) std::cout << reply["jobs"].dump(2) << "\n";
-    else print_jobs(reply["jobs"]);
+    else print_jobs(std::get<std::vector<JobSummary>>(jobs));
   } else if (command == "status") {
+    auto status = parse_status_reply(reply);
+    if (auto* error = std::get_if<std::string>(&status)) return malformed(*error);
     if (json) std::cout << reply["job"].dump(2) << "\n";
-    else print_status(reply["job"]);
+    else print_status(std::get<JobStatus>(status));
   } else {
     std::cout << "stopped job " << job << "\n";
   }

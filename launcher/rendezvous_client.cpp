@@ -1,16 +1,19 @@
 #include "launcher/rendezvous_client.hpp"
 
 #include <boost/asio/connect.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
 #include <boost/asio/write.hpp>
 #include <unistd.h>
 
 #include <cstdio>
 #include <optional>
+#include <utility>
 
 #include "common/event_loop.hpp"
 #include "common/exit_status.hpp"
 #include "common/logging.hpp"
+#include "common/messages.hpp"
 #include "common/protocol.hpp"
 
 namespace mcprun {
@@ -78,23 +81,29 @@ std::variant<Assignment, std::string> RendezvousClient::join(nlohmann::json join
   const bool show_progress = ::isatty(STDERR_FILENO);  // A CI log gets no redraws.
   bool progress_shown = false;
   on_message_ = [&](const nlohmann::json& message) {
-    if (message["type"] == "joined") {
-      heartbeat_interval_ = std::chrono::milliseconds(
-          message.value("heartbeat_interval_ms", kDefaultHeartbeatInterval.count()));
+    const std::string type = message_type(message);
+    if (type == "joined") {
+      auto joined = parse_joined(message);
+      if (auto* error = std::get_if<std::string>(&joined)) return ignore_malformed(*error);
+      heartbeat_interval_ = std::chrono::milliseconds(std::get<JoinedMessage>(joined).heartbeat_interval_ms);
       heartbeat();
-    } else if (message["type"] == "progress") {
+    } else if (type == "progress") {
       if (!show_progress) return;
-      const int min = message.value("min_nodes", 0), max = message.value("max_nodes", 0);
+      auto parsed = parse_progress(message);
+      if (auto* error = std::get_if<std::string>(&parsed)) return ignore_malformed(*error);
+      const ProgressMessage& progress = std::get<ProgressMessage>(parsed);
+      const int min = progress.min_nodes, max = progress.max_nodes;
       std::string names;
-      for (const auto& name : message.value("names", std::vector<std::string>{}))
-        names += (names.empty() ? "" : ", ") + name;
-      std::fprintf(stderr, "\rmcprun: %zu/%s nodes joined: %s; waiting %.0f s more\x1b[K",
-                   message.value("joined", size_t{0}),
+      for (const auto& name : progress.names) names += (names.empty() ? "" : ", ") + name;
+      std::fprintf(stderr, "\rmcprun: %d/%s nodes joined: %s; waiting %.0f s more\x1b[K",
+                   progress.joined,
                    (min == max ? std::to_string(max) : std::to_string(min) + ".." + std::to_string(max)).c_str(),
-                   names.c_str(), message.value("remaining_s", 0.0));
+                   names.c_str(), progress.remaining_s);
       progress_shown = true;
     } else if (!reply) {
       reply = message;
+    } else {
+      early_.push_back(message);  // Read with the assignment, before watch(): a failure, say.
     }
   };
   send(join);
@@ -105,18 +114,20 @@ std::variant<Assignment, std::string> RendezvousClient::join(nlohmann::json join
   if (!answered)
     return "no rendezvous assignment within " + std::to_string(limit.count() / 1000) + " s";
   if (!reply) return "the rendezvous at " + endpoint_ + " closed the connection";
-  const nlohmann::json message = *reply;
-  if (message["type"] == "lost") return "the rendezvous at " + endpoint_ + " closed the connection";
-  if (message["type"] == "error") return "rendezvous: " + message.value("message", std::string("refused"));
-  if (message["type"] != "assignment") return "rendezvous: unexpected reply " + message.dump();
-  try {
-    assignment_ = Assignment{message.at("group_rank"), message.at("group_world_size"),
-                             message.at("world_size"), message.at("rank_offset"),
-                             message.at("master_addr"), message.at("master_port")};
-    return *assignment_;
-  } catch (const nlohmann::json::exception& error) {
-    return std::string("rendezvous: malformed assignment: ") + error.what();
+  const std::string type = message_type(*reply);
+  if (type == "lost") return "the rendezvous at " + endpoint_ + " closed the connection";
+  if (type == "error") {
+    auto refused = parse_text(*reply);
+    if (auto* error = std::get_if<std::string>(&refused)) return "rendezvous: malformed " + *error;
+    return "rendezvous: " + std::get<TextMessage>(refused).message;
   }
+  if (type != "assignment") return "rendezvous: unexpected reply '" + type + "'";
+  auto parsed = parse_assignment(*reply);
+  if (auto* error = std::get_if<std::string>(&parsed)) return "rendezvous: malformed " + *error;
+  const AssignmentMessage& assignment = std::get<AssignmentMessage>(parsed);
+  assignment_ = Assignment{assignment.group_rank, assignment.group_world_size, assignment.world_size,
+                           assignment.rank_offset, assignment.master_addr, assignment.master_port};
+  return *assignment_;
 }
 
 std::variant<GrantedLease, std::string> RendezvousClient::lease(nlohmann::json request,
@@ -125,11 +136,14 @@ std::variant<GrantedLease, std::string> RendezvousClient::lease(nlohmann::json r
   request["type"] = "lease";
   std::optional<nlohmann::json> reply;
   on_message_ = [&](const nlohmann::json& message) {
-    if (message["type"] == "queued")
-      spdlog::info("waiting up to {:g} s for a GPU lease: {}", request.value("wait_s", 0.0),
-                   message.value("message", std::string()));
-    else if (!reply)
-      reply = message;
+    if (message_type(message) != "queued") {
+      if (!reply) reply = message;
+      return;
+    }
+    auto queued = parse_text(message);
+    if (auto* error = std::get_if<std::string>(&queued)) return ignore_malformed(*error);
+    spdlog::info("waiting up to {:g} s for a GPU lease: {}", request.value("wait_s", 0.0),
+                 std::get<TextMessage>(queued).message);
   };
   send(request);
   read();
@@ -139,11 +153,17 @@ std::variant<GrantedLease, std::string> RendezvousClient::lease(nlohmann::json r
     return "rendezvousd at " + endpoint_ + " did not answer the lease request within " +
            std::to_string(limit.count() / 1000) + " s";
   if (!reply) return "rendezvousd at " + endpoint_ + " closed the connection";
-  if ((*reply)["type"] == "error") return reply->value("message", std::string("lease refused"));
-  heartbeat_interval_ = std::chrono::milliseconds(
-      reply->value("heartbeat_interval_ms", kDefaultHeartbeatInterval.count()));
+  if (message_type(*reply) == "error") {
+    auto refused = parse_text(*reply);
+    if (auto* error = std::get_if<std::string>(&refused)) return "malformed " + *error;
+    return std::get<TextMessage>(refused).message;
+  }
+  auto parsed = parse_lease_grant(*reply);
+  if (auto* error = std::get_if<std::string>(&parsed)) return "rendezvousd sent a malformed " + *error;
+  const LeaseGrant& grant = std::get<LeaseGrant>(parsed);
+  heartbeat_interval_ = std::chrono::milliseconds(grant.heartbeat_interval_ms);
   heartbeat();  // The lease lasts as long as this connection does.
-  GrantedLease granted{reply->value("gpus", std::vector<std::string>{}), reply->value("port", 0)};
+  GrantedLease granted{grant.gpus, grant.port};
   lease_ = request;
   lease_["held_gpus"] = granted.gpus;
   lease_["held_port"] = granted.port;
@@ -158,26 +178,49 @@ void RendezvousClient::watch(PeerEvents events) {
       on_stop(stop);
     }
   };
-  on_message_ = [stop_once, events](const nlohmann::json& message) {
-    const std::string type = message["type"];
-    if (type == "failed")
-      stop_once({"node " + message.value("node", std::string("?")) + ": " +
-                     message.value("reason", std::string("a worker failed")),
-                 message.value("exit_code", static_cast<int>(kExitFailure))});
-    else if (type == "membership")
-      stop_once({"node " + message.value("node", std::string("?")) +
-                     " joins the job; re-forming the round",
-                 kExitRendezvous, true});
-    else if (type == "lost")
-      stop_once({message.value("node", std::string("?")) + " was lost (it stopped answering)",
-                 kExitRendezvous});
-    else if (type == "stall" && events.on_stall)
-      events.on_stall(message);
-    else if (type == "stall_report" && events.on_stall_report)
-      events.on_stall_report(message);
-    else if (type == "barrier_done" && events.on_barrier_done)
-      events.on_barrier_done(message.value("name", std::string()));
+  on_message_ = [this, stop_once, events](const nlohmann::json& message) {
+    const std::string type = message_type(message);
+    if (type == "failed") {
+      auto parsed = parse_failed(message);
+      if (auto* error = std::get_if<std::string>(&parsed)) return ignore_malformed(*error);
+      const FailedNotice& failed = std::get<FailedNotice>(parsed);
+      stop_once({"node " + (failed.node.empty() ? "?" : failed.node) + ": " + failed.reason,
+                 failed.exit_code});
+    } else if (type == "membership" || type == "lost") {
+      auto parsed = parse_node_notice(message);
+      if (auto* error = std::get_if<std::string>(&parsed)) return ignore_malformed(*error);
+      const std::string& node = std::get<NodeNotice>(parsed).node;
+      if (type == "membership")
+        stop_once({"node " + node + " joins the job; re-forming the round", kExitRendezvous, true});
+      else
+        stop_once({node + " was lost (it stopped answering)", kExitRendezvous});
+    } else if (type == "stall" && events.on_stall) {
+      auto parsed = parse_stall(message);
+      if (auto* error = std::get_if<std::string>(&parsed)) return ignore_malformed(*error);
+      events.on_stall(std::get<RelayedNotice>(parsed).body);
+    } else if (type == "stall_report" && events.on_stall_report) {
+      auto parsed = parse_stall_report(message);
+      if (auto* error = std::get_if<std::string>(&parsed)) return ignore_malformed(*error);
+      events.on_stall_report(std::get<RelayedNotice>(parsed).body);
+    } else if (type == "barrier_done" && events.on_barrier_done) {
+      auto parsed = parse_barrier_done(message);
+      if (auto* error = std::get_if<std::string>(&parsed)) return ignore_malformed(*error);
+      events.on_barrier_done(std::get<BarrierDone>(parsed).name);
+    }
   };
+  replay_early_messages();
+}
+
+void RendezvousClient::replay_early_messages() {
+  if (early_.empty()) return;
+  asio::post(io_, [this, alive = alive_, early = std::exchange(early_, {})] {
+    for (const nlohmann::json& message : early)
+      if (*alive && on_message_) on_message_(message);
+  });
+}
+
+void RendezvousClient::ignore_malformed(const std::string& reason) const {
+  spdlog::error("the rendezvous at {} sent a malformed {}; ignoring it", endpoint_, reason);
 }
 
 void RendezvousClient::report_failure(const std::string& reason, int exit_code) {
@@ -224,7 +267,12 @@ void RendezvousClient::read() {
       FrameResult result = decode_frame(buffer_);
       if (auto* frame = std::get_if<Frame>(&result)) {
         buffer_.erase(0, frame->consumed);
-        if (on_message_) on_message_(frame->message);
+        // Nothing the daemon sends may end this node's job from inside a handler.
+        try {
+          if (on_message_) on_message_(frame->message);
+        } catch (const std::exception& bad) {
+          ignore_malformed("message (" + std::string(bad.what()) + ")");
+        }
         continue;
       }
       if (auto* error = std::get_if<FrameError>(&result)) {

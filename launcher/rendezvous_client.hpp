@@ -15,6 +15,7 @@
 #include <optional>
 #include <string>
 #include <variant>
+#include <vector>
 
 #include "launcher/rank_plan.hpp"
 #include "rendezvousd/rendezvous_round.hpp"
@@ -95,6 +96,11 @@ class RendezvousClient {
   void heartbeat();
   void beat();
   void flush(std::chrono::milliseconds limit);
+  /// Hands watch()'s handler what arrived in the same read as the assignment, on the next turn
+  /// of the loop, as if it had arrived then.
+  void replay_early_messages();
+  /// Logs a message from the rendezvous that failed to parse; the connection goes on.
+  void ignore_malformed(const std::string& reason) const;
 
   boost::asio::io_context& io_;
   std::string endpoint_;
@@ -111,6 +117,7 @@ class RendezvousClient {
   Clock::time_point reconnect_deadline_;
   boost::asio::steady_timer reconnect_timer_;
   std::function<void(const nlohmann::json&)> on_message_;
+  std::vector<nlohmann::json> early_;  ///< Arrived after the assignment, before watch().
   bool closed_ = false;
   bool heartbeating_ = false;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  ///< False once destroyed.

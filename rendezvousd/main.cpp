@@ -77,6 +77,19 @@ std::string status_line(const ServerLoad& load) {
                      load.joining, load.running, load.finished, load.nodes, load.connections);
 }
 
+/// Runs the loop; an exception a handler let out is logged and the loop goes on: a fault that
+/// one connection causes must never end the daemon, and with it every job it serves.
+void run_contained(boost::asio::io_context& io) {
+  for (;;) {
+    try {
+      io.run();
+      return;
+    } catch (const std::exception& error) {
+      spdlog::error("a handler failed: {}; serving on", error.what());
+    }
+  }
+}
+
 /// Applies a reloaded configuration where it can change at run time; returns the running one.
 DaemonConfig apply_reload(const DaemonConfig& running, DaemonConfig next, RendezvousServer& server) {
   const std::pair<const char*, std::pair<std::string, std::string>> fixed[] = {
@@ -194,10 +207,14 @@ int main(int argc, char** argv) {
     io.stop();  // What is left drains below, under the stop timeout.
   });
   notifier.ready();
-  io.run();
+  run_contained(io);
   if (!stopping) return kExitSuccess;
   io.restart();
-  io.run_for(config.stop_timeout);
+  try {
+    io.run_for(config.stop_timeout);
+  } catch (const std::exception& error) {
+    spdlog::error("a handler failed while stopping: {}", error.what());
+  }
   if (!io.stopped()) {
     spdlog::error("still closing connections after {} s; forcing the exit",
                   std::chrono::duration<double>(config.stop_timeout).count());

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "common/exit_status.hpp"
+#include "common/protocol.hpp"
 #include "rendezvousd/agent_session.hpp"
 #include "rendezvousd/rendezvous_server.hpp"
 
@@ -30,13 +31,13 @@ bool RendezvousServer::may_access(const AgentSession& session, const Job& job) {
 }
 
 void RendezvousServer::handle_operator(const std::shared_ptr<AgentSession>& session,
-                                       const nlohmann::json& message) {
-  const std::string type = message["type"];
+                                       const OperatorRequest& request) {
+  const std::string& type = request.type;
   if (!session->uid) {
     // Over TCP an operator is whoever holds the token; without one, nobody is.
     if (settings_.token.empty())
       return session->refuse("'" + type + "' needs the daemon's unix socket, or a daemon with a token");
-    if (!tokens_equal(message.value("token", std::string()), settings_.token))
+    if (!tokens_equal(request.token, settings_.token))
       return session->refuse("authentication failed: wrong or missing token");
   }
   const auto now = Clock::now();
@@ -56,7 +57,7 @@ void RendezvousServer::handle_operator(const std::shared_ptr<AgentSession>& sess
     return session->reply_and_close({{"type", "jobs"}, {"jobs", jobs}});
   }
 
-  const std::string id = message.value("job", std::string());
+  const std::string& id = request.job;
   auto it = jobs_.find(id);
   if (it == jobs_.end()) return session->refuse("no job '" + id + "'");
   Job& job = it->second;

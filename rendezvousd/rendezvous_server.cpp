@@ -122,19 +122,39 @@ void RendezvousServer::admit(asio::generic::stream_protocol::socket socket, std:
     spdlog::warn("connection limit {} reached; refusing {}", settings_.max_connections, peer);
     return;
   }
-  auto session = std::make_shared<AgentSession>(std::move(socket), *this, std::move(peer),
-                                                std::move(peer_address), uid);
+  auto session = std::make_shared<AgentSession>(FramedSession::Socket(std::move(socket)), *this,
+                                                std::move(peer), std::move(peer_address), uid);
   sessions_.insert(session);
   session->start();
 }
 
+namespace {
+
+/// Runs `handle` on the parsed message, or refuses the connection with the parse error.
+template <class Message, class Handle>
+void parsed_or_refused(const std::shared_ptr<AgentSession>& session, Parsed<Message> parsed,
+                       Handle handle) {
+  if (auto* error = std::get_if<std::string>(&parsed)) return session->refuse("malformed " + *error);
+  handle(std::get<Message>(parsed));
+}
+
+}  // namespace
+
 void RendezvousServer::on_message(const std::shared_ptr<AgentSession>& session,
                                   const nlohmann::json& message) {
-  const std::string type = message["type"];
-  if (type == "join") return handle_join(session, message);
-  if (type == "rejoin") return handle_rejoin(session, message);
-  if (type == "jobs" || type == "status" || type == "stop") return handle_operator(session, message);
-  if (type == "lease") return handle_lease(session, message);
+  const std::string type = message_type(message);
+  if (type == "join")
+    return parsed_or_refused(session, parse_join(message),
+                             [&](const JoinMessage& join) { handle_join(session, join); });
+  if (type == "rejoin")
+    return parsed_or_refused(session, parse_rejoin(message),
+                             [&](const JoinMessage& join) { handle_rejoin(session, join); });
+  if (type == "jobs" || type == "status" || type == "stop")
+    return parsed_or_refused(session, parse_operator_request(message),
+                             [&](const OperatorRequest& request) { handle_operator(session, request); });
+  if (type == "lease")
+    return parsed_or_refused(session, parse_lease_request(message),
+                             [&](const LeaseRequest& request) { handle_lease(session, request); });
   if (type == "heartbeat" && session->lease_id != 0) return;
   if (type == "clock") {  // `mcprun doctor` measures skew with it, before any join.
     const nlohmann::json now = {
@@ -147,40 +167,50 @@ void RendezvousServer::on_message(const std::shared_ptr<AgentSession>& session,
     return session->send(now);
   }
   if (session->job_id.empty()) return session->refuse("'" + type + "' before 'join'");
+  handle_job_message(session, type, message);
+}
+
+void RendezvousServer::handle_job_message(const std::shared_ptr<AgentSession>& session,
+                                          const std::string& type, const nlohmann::json& message) {
   Job* current = job_of(*session);
   if (!current) return;  // A message about a round that has been replaced.
   Job& job = *current;
   if (type == "heartbeat") return;
   if (type == "failed") {
-    if (!job.finished) ++stats_.failures;  // Counted once per round, however many nodes report.
-    spdlog::info("job {}: node {} reports a failure; stopping every node", session->job_id,
-                 session->node);
-    nlohmann::json notice = message;
-    notice["node"] = session->node;
-    broadcast(job, notice, session->node);
-    return finish(session->job_id);
+    return parsed_or_refused(session, parse_failed(message), [&](FailedNotice failed) {
+      if (!job.finished) ++stats_.failures;  // Counted once per round, however many nodes report.
+      spdlog::info("job {}: node {} reports a failure; stopping every node", session->job_id,
+                   session->node);
+      broadcast(job, {{"type", "failed"}, {"node", session->node}, {"reason", failed.reason},
+                      {"exit_code", failed.exit_code}},
+                session->node);
+      finish(session->job_id);
+    });
   }
   if (type == "stall") {
-    if (!job.finished) ++stats_.stalls;
-    spdlog::warn("job {}: node {} declares a stall: {}; stopping every node", session->job_id,
-                 session->node, message.value("what", std::string("?")));
-    nlohmann::json notice = message;
-    notice["node"] = session->node;
-    broadcast(job, notice, session->node);
-    return finish(session->job_id);
+    return parsed_or_refused(session, parse_stall(message), [&](RelayedNotice stall) {
+      if (!job.finished) ++stats_.stalls;
+      spdlog::warn("job {}: node {} declares a stall: {}; stopping every node", session->job_id,
+                   session->node, stall.what);
+      stall.body["node"] = session->node;
+      broadcast(job, stall.body, session->node);
+      finish(session->job_id);
+    });
   }
   if (type == "stall_report") {  // Each node's view of its ranks, for every node's report.
-    nlohmann::json report = message;
-    report["node"] = session->node;
-    return broadcast(job, report, session->node);
+    return parsed_or_refused(session, parse_stall_report(message), [&](RelayedNotice report) {
+      report.body["node"] = session->node;
+      broadcast(job, report.body, session->node);
+    });
   }
   if (type == "barrier") {
-    std::set<int>& arrived = job.barriers[message.value("name", std::string())];
-    arrived.insert(message.value("rank", -1));
-    if (static_cast<int>(arrived.size()) < job.world_size) return;
-    broadcast(job, {{"type", "barrier_done"}, {"name", message.value("name", std::string())}});
-    job.barriers.erase(message.value("name", std::string()));
-    return;
+    return parsed_or_refused(session, parse_barrier_arrival(message), [&](const BarrierArrival& arrival) {
+      std::set<int>& arrived = job.barriers[arrival.name];
+      arrived.insert(arrival.rank);
+      if (static_cast<int>(arrived.size()) < job.world_size) return;
+      broadcast(job, {{"type", "barrier_done"}, {"name", arrival.name}});
+      job.barriers.erase(arrival.name);
+    });
   }
   if (type == "done") {
     session->done = true;
@@ -200,48 +230,39 @@ struct JoinRequest {
   RoundSettings round;
 };
 
-/// Authenticates and parses a join; a one-line reason when refused.
-std::variant<JoinRequest, std::string> parse_join(const nlohmann::json& message,
-                                                  const std::string& peer_address,
-                                                  const ServerSettings& settings) {
-  if (!settings.token.empty() && !tokens_equal(message.value("token", std::string()), settings.token))
+/// Authenticates a parsed join and turns it into the round's terms; a one-line reason when
+/// refused.
+std::variant<JoinRequest, std::string> join_request(const JoinMessage& message,
+                                                    const std::string& peer_address,
+                                                    const ServerSettings& settings) {
+  if (!settings.token.empty() && !tokens_equal(message.token, settings.token))
     return std::string("authentication failed: wrong or missing token");
   JoinRequest request;
   NodeInfo& node = request.node;
   RoundSettings& round = request.round;
   round.label_precedence = settings.label_precedence;
-  try {
-    request.job_id = message.at("job").get<std::string>();
-    node.node = message.at("node").get<std::string>();
-    node.nproc = message.at("nproc").get<int>();
-    node.master_port = message.value("master_port", 0);
-    node.requested_rank = message.value("node_rank", -1);
-    node.addr = message.value("addr", std::string());
-    if (node.addr.empty()) node.addr = peer_address;
-    node.labels = message.value("labels", std::map<std::string, std::string>{});
-    if (auto gpus = message.find("gpus"); gpus != message.end() && gpus->is_array())
-      node.gpu_count = static_cast<int>(gpus->size());
-    round.min_nodes = message.at("min_nodes").get<int>();
-    round.max_nodes = message.at("max_nodes").get<int>();
-    round.join_timeout = std::chrono::milliseconds(
-        static_cast<long>(1000 * message.value("join_timeout_s", 120.0)));
-    round.last_call_timeout = std::chrono::milliseconds(
-        static_cast<long>(1000 * message.value("last_call_timeout_s", 5.0)));
-  } catch (const nlohmann::json::exception& error) {
-    return std::string("malformed join: ") + error.what();
-  }
-  if (request.job_id.empty() || node.node.empty() || node.nproc < 1 || round.min_nodes < 1 ||
-      round.max_nodes < round.min_nodes)
-    return std::string("malformed join: job, node, nproc >= 1 and 1 <= min <= max required");
+  request.job_id = message.job;
+  node.node = message.node;
+  node.nproc = message.nproc;
+  node.master_port = message.master_port;
+  node.requested_rank = message.node_rank;
+  node.addr = message.addr.empty() ? peer_address : message.addr;
+  node.labels = message.labels;
+  node.gpu_count = message.gpu_count;
+  round.min_nodes = message.min_nodes;
+  round.max_nodes = message.max_nodes;
+  round.join_timeout = std::chrono::milliseconds(static_cast<long>(1000 * message.join_timeout_s));
+  round.last_call_timeout =
+      std::chrono::milliseconds(static_cast<long>(1000 * message.last_call_timeout_s));
   return request;
 }
 
 }  // namespace
 
 void RendezvousServer::handle_join(const std::shared_ptr<AgentSession>& session,
-                                   const nlohmann::json& message) {
+                                   const JoinMessage& message) {
   if (!session->job_id.empty()) return session->refuse("second 'join' on one connection");
-  auto parsed = parse_join(message, session->peer_address(), settings_);
+  auto parsed = join_request(message, session->peer_address(), settings_);
   if (auto* error = std::get_if<std::string>(&parsed)) return session->refuse(*error);
   auto& [job_id, node, round] = std::get<JoinRequest>(parsed);
 
@@ -293,18 +314,13 @@ void RendezvousServer::schedule_progress(const std::string& job_id) {
 }
 
 void RendezvousServer::handle_rejoin(const std::shared_ptr<AgentSession>& session,
-                                     const nlohmann::json& message) {
+                                     const JoinMessage& message) {
   if (!session->job_id.empty()) return session->refuse("'rejoin' on a joined connection");
-  auto parsed = parse_join(message, session->peer_address(), settings_);
+  auto parsed = join_request(message, session->peer_address(), settings_);
   if (auto* error = std::get_if<std::string>(&parsed)) return session->refuse(*error);
   auto& [job_id, node, round] = std::get<JoinRequest>(parsed);
-  int world_size = 0, group_world_size = 0;
-  try {
-    world_size = message.at("assignment").at("world_size").get<int>();
-    group_world_size = message.at("assignment").at("group_world_size").get<int>();
-  } catch (const nlohmann::json::exception& error) {
-    return session->refuse(std::string("malformed rejoin: ") + error.what());
-  }
+  const int world_size = message.assignment->world_size;
+  const int group_world_size = message.assignment->group_world_size;
 
   auto it = jobs_.find(job_id);
   if (it == jobs_.end() || it->second.finished) {
@@ -318,7 +334,7 @@ void RendezvousServer::handle_rejoin(const std::shared_ptr<AgentSession>& sessio
                  group_world_size);
     // Nodes that do not come back within a lease are lost, as if they had gone silent.
     job.deadline->expires_after(settings_.lease);
-    job.deadline->async_wait([this, job_id, generation = job.generation](boost::system::error_code ec) {
+    job.deadline->async_wait([this, job_id = job_id, generation = job.generation](boost::system::error_code ec) {
       auto found = jobs_.find(job_id);
       if (ec || found == jobs_.end() || found->second.generation != generation) return;
       Job& rebuilt = found->second;
@@ -348,19 +364,18 @@ void RendezvousServer::handle_rejoin(const std::shared_ptr<AgentSession>& sessio
 }
 
 void RendezvousServer::handle_lease(const std::shared_ptr<AgentSession>& session,
-                                    const nlohmann::json& message) {
+                                    const LeaseRequest& request) {
   if (!session->uid) return session->refuse("leases are for jobs on this host: use the unix socket");
   if (session->lease_id != 0) return session->refuse("second 'lease' on one connection");
-  const int gpu_count = message.value("gpus", 0);
-  const double wait_s = message.value("wait_s", 0.0);
-  if (gpu_count < 0) return session->refuse("malformed lease: gpus must be >= 0");
+  const int gpu_count = request.gpus;
+  const double wait_s = request.wait_s;
   if (gpu_count > static_cast<int>(leases_.gpu_count()))  // Waiting would block the queue for nothing.
     return session->refuse(std::to_string(gpu_count) + " GPU(s) wanted, but this box has " +
                            std::to_string(leases_.gpu_count()));
-  const std::string holder = user_name(*session->uid) + ", job " + message.value("job", std::string("?"));
-  if (message.contains("held_port")) {
+  const std::string holder = user_name(*session->uid) + ", job " + request.job;
+  if (request.held) {
     // A running job re-registers what it held before this daemon restarted.
-    Lease held{message.value("held_gpus", std::vector<std::string>{}), message.value("held_port", 0), holder};
+    Lease held{request.held->gpus, request.held->port, holder};
     const uint64_t id = next_lease_id_++;
     if (!leases_.restore(id, held))
       return session->refuse("the GPUs or port this job held are leased to another job now");
@@ -369,11 +384,11 @@ void RendezvousServer::handle_lease(const std::shared_ptr<AgentSession>& session
     return session->send({{"type", "lease"}, {"gpus", held.gpus}, {"port", held.port},
                           {"heartbeat_interval_ms", std::max<long>(50, settings_.lease.count() / 3)}});
   }
-  WaitingLease request{session, gpu_count, holder, nullptr};
+  WaitingLease waiting{session, gpu_count, holder, nullptr};
   if (wait_s > 0) {
-    request.deadline = std::make_unique<asio::steady_timer>(
+    waiting.deadline = std::make_unique<asio::steady_timer>(
         io_, std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::duration<double>(wait_s)));
-    request.deadline->async_wait([this, weak = std::weak_ptr(session), gpu_count](boost::system::error_code ec) {
+    waiting.deadline->async_wait([this, weak = std::weak_ptr(session), gpu_count](boost::system::error_code ec) {
       if (ec) return;
       auto waiting = weak.lock();
       if (!waiting || waiting->lease_id != 0) return;
@@ -381,7 +396,7 @@ void RendezvousServer::handle_lease(const std::shared_ptr<AgentSession>& session
       grant_waiting_leases();  // The ones it held back may fit now.
     });
   }
-  waiting_leases_.push_back(std::move(request));
+  waiting_leases_.push_back(std::move(waiting));
   grant_waiting_leases();
   if (session->lease_id != 0) return;
   // Not allowed to wait: refuse at once, naming who holds what.

@@ -20,6 +20,8 @@
 #include <set>
 #include <string>
 
+#include "common/framed_session.hpp"
+#include "common/messages.hpp"
 #include "rendezvousd/lease_book.hpp"
 #include "rendezvousd/rendezvous_round.hpp"
 
@@ -32,6 +34,7 @@ struct ServerSettings {
   std::chrono::milliseconds first_message_timeout{std::chrono::seconds(10)};
   std::chrono::milliseconds lease{std::chrono::seconds(15)};  ///< Silence longer than this: lost.
   size_t max_connections = 8192;
+  SessionLimits session_limits;  ///< Per connection: queued output and message rate.
   std::chrono::seconds finished_job_ttl{600};
   std::vector<std::string> label_precedence{"rack", "switch"};
   int lease_port_first = 29500;  ///< Master ports leased to local jobs: [first, last].
@@ -120,9 +123,9 @@ class RendezvousServer {
   /// Joins `node` into the current round of `job_id`; false (and the session refused) on error.
   bool join_round(const std::string& job_id, const std::shared_ptr<AgentSession>& session,
                   const NodeInfo& node);
-  void handle_join(const std::shared_ptr<AgentSession>& session, const nlohmann::json& message);
+  void handle_join(const std::shared_ptr<AgentSession>& session, const JoinMessage& message);
   /// A local job asks for GPUs and a master port; answered now, after a release, or refused.
-  void handle_lease(const std::shared_ptr<AgentSession>& session, const nlohmann::json& message);
+  void handle_lease(const std::shared_ptr<AgentSession>& session, const LeaseRequest& request);
   /// Grants what waiting lease requests can now have, strictly oldest first for GPUs.
   void grant_waiting_leases();
   /// "4 GPU(s) wanted, 2 of 8 free; held by ...; waiting first: bob (uid 1001), job y (8 GPU(s))".
@@ -130,13 +133,16 @@ class RendezvousServer {
   /// Drops a waiting request and refuses it, naming who holds the GPUs and who waits first.
   void refuse_waiting_lease(const std::shared_ptr<AgentSession>& session, int gpu_count);
   /// `mcprun jobs|status|stop` (rendezvousd/operator_requests.cpp).
-  void handle_operator(const std::shared_ptr<AgentSession>& session, const nlohmann::json& message);
+  void handle_operator(const std::shared_ptr<AgentSession>& session, const OperatorRequest& request);
   /// Whether the session may see, stop or join `job`: its owner or root on the unix socket,
   /// anyone over TCP (where the token is the authentication), anyone for a remote job.
   static bool may_access(const AgentSession& session, const Job& job);
   static std::string user_name(uid_t uid);
   /// An agent of a running job re-registers after losing its connection (a daemon restart).
-  void handle_rejoin(const std::shared_ptr<AgentSession>& session, const nlohmann::json& message);
+  void handle_rejoin(const std::shared_ptr<AgentSession>& session, const JoinMessage& message);
+  /// A message of a joined agent about its job: failed, stall, stall_report, barrier, done.
+  void handle_job_message(const std::shared_ptr<AgentSession>& session, const std::string& type,
+                          const nlohmann::json& message);
   void advance(const std::string& job_id);
   /// Tells a forming round's agents who joined so far, at most once per kProgressInterval.
   void schedule_progress(const std::string& job_id);

@@ -18,3 +18,6 @@ BUILD_DIR=build-asan BUILD_TYPE=Debug scripts/build.sh -DMCPRUN_SANITIZE=ON
 echo "== tests under ASan + UBSan (end-to-end on torch 2.13)"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --output-on-failure -j 2 -E 'torch1\.13$')
+
+echo "== fuzzing (libFuzzer + ASan + UBSan, bounded)"
+scripts/fuzz.sh

@@ -1,0 +1,209 @@
+#include "common/messages.hpp"
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace mcprun {
+namespace {
+
+using json = nlohmann::json;
+
+/// A parse function, type-erased: the error, or empty when the message parsed.
+using Parser = std::function<std::string(const json&)>;
+
+template <class Message>
+Parser parser(Parsed<Message> (*parse)(const json&)) {
+  return [parse](const json& message) {
+    auto parsed = parse(message);
+    auto* error = std::get_if<std::string>(&parsed);
+    return error ? *error : std::string();
+  };
+}
+
+/// Every message type with one valid example: the examples are what mcprun really sends.
+struct Case {
+  std::string name;
+  Parser parse;
+  json valid;
+  std::vector<std::string> required;  ///< Fields whose absence is refused.
+};
+
+std::vector<Case> cases() {
+  const json join = {{"type", "join"}, {"job", "j"}, {"node", "a"}, {"addr", "10.0.0.1"},
+                     {"nproc", 2}, {"master_port", 29500}, {"node_rank", -1},
+                     {"labels", {{"rack", "r1"}}}, {"gpus", json::array({{{"bus_id", "0:1"}}})},
+                     {"min_nodes", 1}, {"max_nodes", 2}, {"join_timeout_s", 120.0},
+                     {"last_call_timeout_s", 5.0}, {"token", "t"}};
+  json rejoin = join;
+  rejoin["type"] = "rejoin";
+  rejoin["assignment"] = {{"group_rank", 0}, {"group_world_size", 2}, {"world_size", 4},
+                          {"rank_offset", 0}, {"master_addr", "10.0.0.1"}, {"master_port", 29500}};
+  return {
+      {"join", parser(parse_join), join, {"job", "node", "nproc", "min_nodes", "max_nodes"}},
+      {"rejoin", parser(parse_rejoin), rejoin, {"job", "node", "nproc", "assignment"}},
+      {"lease", parser(parse_lease_request),
+       {{"type", "lease"}, {"gpus", 2}, {"wait_s", 1.5}, {"job", "x"},
+        {"held_gpus", {"0000:01:00.0"}}, {"held_port", 29500}},
+       {}},
+      {"stop", parser(parse_operator_request), {{"type", "stop"}, {"job", "x"}, {"token", "t"}}, {"job"}},
+      {"barrier arrival", parser(parse_barrier_arrival), {{"type", "barrier"}, {"name", "b"}, {"rank", 3}},
+       {"name", "rank"}},
+      {"failed", parser(parse_failed),
+       {{"type", "failed"}, {"node", "a"}, {"reason", "rank 1 exited 7"}, {"exit_code", 7}}, {}},
+      {"stall", parser(parse_stall),
+       {{"type", "stall"}, {"kind", "barrier"}, {"what", "barrier b"}, {"barrier", "b"}, {"rank", 1},
+        {"noticed_on", "h"}, {"arrived", {{"10.0.0.1", {1, 2}}}}},
+       {"kind", "what"}},
+      {"stall_report", parser(parse_stall_report), {{"type", "stall_report"}, {"node", "a"}, {"ranks", json::array()}},
+       {"ranks"}},
+      {"joined", parser(parse_joined), {{"type", "joined"}, {"heartbeat_interval_ms", 5000}}, {}},
+      {"assignment", parser(parse_assignment),
+       {{"type", "assignment"}, {"group_rank", 1}, {"group_world_size", 2}, {"world_size", 4},
+        {"rank_offset", 2}, {"master_addr", "10.0.0.1"}, {"master_port", 29500}},
+       {"group_rank", "group_world_size", "world_size", "rank_offset", "master_addr", "master_port"}},
+      {"progress", parser(parse_progress),
+       {{"type", "progress"}, {"joined", 1}, {"min_nodes", 2}, {"max_nodes", 2}, {"names", {"a"}},
+        {"remaining_s", 3.5}},
+       {}},
+      {"lost", parser(parse_node_notice), {{"type", "lost"}, {"node", "b"}}, {}},
+      {"error", parser(parse_text), {{"type", "error"}, {"message", "refused"}}, {}},
+      {"barrier_done", parser(parse_barrier_done), {{"type", "barrier_done"}, {"name", "b"}}, {"name"}},
+      {"lease grant", parser(parse_lease_grant),
+       {{"type", "lease"}, {"gpus", {"0000:01:00.0"}}, {"port", 29500}, {"heartbeat_interval_ms", 5000}},
+       {"port"}},
+      {"hello", parser(parse_hello), {{"type", "hello"}, {"rank", 0}, {"pid", 42}}, {"rank"}},
+      {"barrier request", parser(parse_barrier_request), {{"type", "barrier"}, {"name", "b"}, {"timeout_s", 30.0}},
+       {"name"}},
+      {"jobs reply", parser(parse_jobs_reply),
+       {{"type", "jobs"}, {"jobs", {{{"id", "x"}, {"owner", "u"}, {"nodes", 1}, {"ranks", 2},
+                                     {"state", "running"}, {"age_s", 1.5}}}}},
+       {"jobs"}},
+      {"status reply", parser(parse_status_reply),
+       {{"type", "status"},
+        {"job", {{"id", "x"}, {"owner", "u"}, {"nodes", 1}, {"ranks", 2}, {"state", "running"},
+                 {"age_s", 1.5}, {"min_nodes", 1}, {"max_nodes", 1}, {"master", "h:1"},
+                 {"placement", {{{"node", "a"}, {"addr", "h"}, {"group_rank", 0}, {"ranks", "0-1"}}}},
+                 {"members", {{{"node", "a"}, {"connected", true}, {"done", false}}}}}}},
+       {"job"}},
+  };
+}
+
+/// Values of every JSON type, and the hostile shapes: a huge string, deep nesting.
+std::vector<json> wrong_values() {
+  json deep = json::array();
+  for (int i = 0; i < 20; ++i) deep = json::array({deep});
+  return {"text", 5, -1, 2.5, 1e300, true, false, json::array({1, "a"}), json::object({{"k", 1}}),
+          std::string(60000, 'x'), deep, static_cast<uint64_t>(1) << 63};
+}
+
+TEST(Messages, EveryRealMessageParses) {
+  for (const Case& c : cases()) EXPECT_EQ(c.parse(c.valid), "") << c.name;
+}
+
+TEST(Messages, EveryMissingRequiredFieldIsNamed) {
+  for (const Case& c : cases())
+    for (const std::string& field : c.required) {
+      json message = c.valid;
+      message.erase(field);
+      const std::string error = c.parse(message);
+      EXPECT_NE(error.find("\"" + field + "\""), std::string::npos) << c.name << ": " << error;
+      EXPECT_NE(error.find("missing"), std::string::npos) << c.name << ": " << error;
+      message[field] = nullptr;  // A null is as good as absent.
+      EXPECT_NE(c.parse(message), "") << c.name << " " << field;
+    }
+}
+
+TEST(Messages, EveryFieldOfEveryWrongTypeIsRefusedOrAcceptedWithoutThrowing) {
+  for (const Case& c : cases())
+    for (const auto& [field, value] : c.valid.items()) {
+      if (field == "type") continue;
+      for (const json& wrong : wrong_values()) {
+        json message = c.valid;
+        message[field] = wrong;
+        std::string error;
+        ASSERT_NO_THROW(error = c.parse(message)) << c.name << " " << field << " = " << wrong.type_name();
+        // A refusal names the field, in one line.
+        if (!error.empty()) {
+          EXPECT_NE(error.find("\"" + field + "\""), std::string::npos) << c.name << ": " << error;
+          EXPECT_EQ(error.find('\n'), std::string::npos) << error;
+        }
+      }
+    }
+}
+
+TEST(Messages, WrongTypesAreRefusedWithTheKindNamed) {
+  auto error = std::get<std::string>(parse_join({{"job", "x"}, {"token", 5}}));
+  EXPECT_EQ(error, "join: field \"token\" must be a string, not an integer");
+  error = std::get<std::string>(parse_barrier_arrival({{"name", "b"}, {"rank", "3"}}));
+  EXPECT_EQ(error, "barrier: field \"rank\" must be an integer, not a string");
+  error = std::get<std::string>(parse_lease_request({{"gpus", 1.5}}));
+  EXPECT_EQ(error, "lease: field \"gpus\" must be an integer, not a number with a fraction");
+  error = std::get<std::string>(parse_hello({{"rank", 0}, {"pid", "x"}}));
+  EXPECT_EQ(error, "hello: field \"pid\" must be an integer, not a string");
+  error = std::get<std::string>(parse_rejoin({{"job", "j"}, {"node", "a"}, {"nproc", 1},
+                                             {"min_nodes", 1}, {"max_nodes", 1}, {"assignment", 3}}));
+  EXPECT_EQ(error, "rejoin: field \"assignment\": expected an object, not an integer");
+}
+
+TEST(Messages, NumbersOutsideTheirRangeAreRefused) {
+  json join = cases()[0].valid;
+  join["nproc"] = 0;
+  EXPECT_NE(std::get<std::string>(parse_join(join)).find("\"nproc\" must be between 1"), std::string::npos);
+  join["nproc"] = static_cast<uint64_t>(1) << 40;
+  EXPECT_NE(std::get<std::string>(parse_join(join)).find("\"nproc\""), std::string::npos);
+  join = cases()[0].valid;
+  join["join_timeout_s"] = 1e300;  // Would overflow the conversion to milliseconds.
+  EXPECT_NE(std::get<std::string>(parse_join(join)).find("\"join_timeout_s\""), std::string::npos);
+  join = cases()[0].valid;
+  join["max_nodes"] = 0;
+  EXPECT_TRUE(std::holds_alternative<std::string>(parse_join(join)));
+  join["min_nodes"] = 3;
+  join["max_nodes"] = 2;
+  EXPECT_NE(std::get<std::string>(parse_join(join)).find("below \"min_nodes\""), std::string::npos);
+  EXPECT_TRUE(std::holds_alternative<std::string>(parse_lease_request({{"gpus", -1}})));
+  EXPECT_TRUE(std::holds_alternative<std::string>(parse_lease_request({{"wait_s", 1e300}})));
+  EXPECT_TRUE(std::holds_alternative<std::string>(parse_failed({{"exit_code", 300}})));
+}
+
+TEST(Messages, ParsedFieldsCarryTheirValues) {
+  auto join = std::get<JoinMessage>(parse_rejoin(cases()[1].valid));
+  EXPECT_EQ(join.job, "j");
+  EXPECT_EQ(join.nproc, 2);
+  EXPECT_EQ(join.gpu_count, 1);
+  EXPECT_EQ(join.labels.at("rack"), "r1");
+  ASSERT_TRUE(join.assignment);
+  EXPECT_EQ(join.assignment->world_size, 4);
+  auto lease = std::get<LeaseRequest>(parse_lease_request(cases()[2].valid));
+  ASSERT_TRUE(lease.held);
+  EXPECT_EQ(lease.held->port, 29500);
+  EXPECT_EQ(lease.held->gpus, std::vector<std::string>{"0000:01:00.0"});
+  EXPECT_FALSE(std::get<LeaseRequest>(parse_lease_request({{"gpus", 1}})).held);
+  auto request = std::get<OperatorRequest>(parse_operator_request({{"type", "jobs"}}));
+  EXPECT_EQ(request.type, "jobs");
+  EXPECT_TRUE(std::holds_alternative<std::string>(parse_operator_request({{"type", "status"}})));
+  auto status = std::get<JobStatus>(parse_status_reply(cases().back().valid));
+  EXPECT_EQ(status.placement.at(0).ranks, "0-1");
+  EXPECT_TRUE(status.members.at(0).connected);
+}
+
+TEST(Messages, ListItemsOfTheWrongShapeAreNamed) {
+  auto error = std::get<std::string>(parse_jobs_reply({{"jobs", {1}}}));
+  EXPECT_NE(error.find("item 0"), std::string::npos) << error;
+  error = std::get<std::string>(parse_progress({{"names", {"a", 2}}}));
+  EXPECT_EQ(error, "progress: field \"names\" must be an array of strings, not an array");
+  error = std::get<std::string>(parse_join({{"job", "j"}, {"node", "a"}, {"nproc", 1}, {"min_nodes", 1},
+                                            {"max_nodes", 1}, {"labels", {{"rack", 1}}}}));
+  EXPECT_EQ(error, "join: field \"labels\" must be an object of strings, not an object");
+}
+
+TEST(Messages, NonObjectsAreRefused) {
+  for (const Case& c : cases())
+    for (const json& wrong : {json(5), json("x"), json::array(), json()})
+      EXPECT_NE(c.parse(wrong), "") << c.name;
+}
+
+}  // namespace
+}  // namespace mcprun
