@@ -58,7 +58,7 @@ elif mode == "barrier":
 elif mode == "quiet":
     if behaviour == "quiet":
         time.sleep(600)
-    for _ in range(40):
+    for _ in range(150):  # Outlasts --silence-timeout, so the quiet rank is found first.
         print("tick", flush=True)
         time.sleep(0.1)
 elif mode == "train":
@@ -173,10 +173,11 @@ class StallTest(LauncherTestCase):
         self.assertIn("its FileTimer scope expired", report_rows(err)[0])
 
     def test_silent_rank_is_a_stall_only_with_silence_timeout(self):
-        code, _, err, _, _ = self.launch("--silence-timeout", "3", mode="quiet", behaviour={1: "quiet"},
+        # Long enough that importing torch on a loaded box (silent too) is not mistaken for it.
+        code, _, err, _, _ = self.launch("--silence-timeout", "10", mode="quiet", behaviour={1: "quiet"},
                                          nproc="2")
         self.assertEqual(code, 3, err)
-        self.assertIn("rank 1 printed nothing for --silence-timeout 3 s", err)
+        self.assertIn("rank 1 printed nothing for --silence-timeout 10 s", err)
 
     def test_healthy_job_under_every_watchdog_finishes(self):
         code, out, err, _, _ = self.launch("--init-timeout", "60", "--heartbeat-timeout", "30",
