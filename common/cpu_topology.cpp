@@ -64,18 +64,9 @@ int highest_cache_group(const fs::path& cpu_dir) {
   return group;
 }
 
-/// "0-3,8,10-11": the kernel's cpulist syntax, for messages.
-std::string format_cpulist(const std::vector<int>& cpus) {
-  std::string text;
-  for (size_t i = 0; i < cpus.size();) {
-    size_t j = i;
-    while (j + 1 < cpus.size() && cpus[j + 1] == cpus[j] + 1) ++j;
-    if (!text.empty()) text += ',';
-    text += std::to_string(cpus[i]);
-    if (j > i) text += '-' + std::to_string(cpus[j]);
-    i = j + 1;
-  }
-  return text.empty() ? "none" : text;
+/// A cpulist for messages, "none" when empty.
+std::string describe_cpus(const std::vector<int>& cpus) {
+  return cpus.empty() ? "none" : format_cpulist(cpus);
 }
 
 /// The NUMA node torch binds a GPU's worker to. A GPU without one (numa_node -1) is on the only
@@ -268,8 +259,8 @@ std::variant<std::vector<int>, std::string> numa_binding_cpus(
   if (here.empty())
     return "NUMA node " + std::to_string(numa_node) + " of GPU " + gpu.bus_id +
            " has no CPU this launcher may run on (node CPUs: " +
-           format_cpulist(topology.numa_nodes.at(numa_node)) +
-           "; allowed: " + format_cpulist(topology.allowed) + ")";
+           describe_cpus(topology.numa_nodes.at(numa_node)) +
+           "; allowed: " + describe_cpus(topology.allowed) + ")";
   switch (binding) {
     case NumaBinding::kNode:
       return here;

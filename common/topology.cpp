@@ -140,6 +140,19 @@ fs::path sysfs_root() {
   return root && *root ? fs::path(root) : fs::path("/sys");
 }
 
+std::string format_cpulist(const std::vector<int>& sorted) {
+  std::string text;
+  for (size_t i = 0; i < sorted.size();) {
+    size_t j = i;
+    while (j + 1 < sorted.size() && sorted[j + 1] == sorted[j] + 1) ++j;
+    if (!text.empty()) text += ',';
+    text += std::to_string(sorted[i]);
+    if (j > i) text += '-' + std::to_string(sorted[j]);
+    i = j + 1;
+  }
+  return text;
+}
+
 std::optional<std::vector<int>> parse_cpulist(const std::string& text) {
   std::vector<int> cpus;
   const std::string list = trim(text);

@@ -53,5 +53,7 @@ int read_int(const std::filesystem::path& path, int fallback);
 
 /// Parses a kernel cpulist ("0-3,8,10-11"); nullopt when malformed.
 std::optional<std::vector<int>> parse_cpulist(const std::string& text);
+/// The inverse: sorted numbers (CPUs, ranks) in that syntax; "" for none.
+std::string format_cpulist(const std::vector<int>& sorted);
 
 }  // namespace mcprun

@@ -19,16 +19,7 @@ std::string join(const std::vector<std::string>& items, const char* separator) {
 }
 
 std::string format_cpus(const std::vector<int>& cpus) {
-  if (cpus.empty()) return "inherited";
-  std::string text;
-  for (size_t i = 0; i < cpus.size();) {
-    size_t j = i;
-    while (j + 1 < cpus.size() && cpus[j + 1] == cpus[j] + 1) ++j;
-    text += (text.empty() ? "" : ",") + std::to_string(cpus[i]);
-    if (j > i) text += "-" + std::to_string(cpus[j]);
-    i = j + 1;
-  }
-  return text;
+  return cpus.empty() ? "inherited" : format_cpulist(cpus);
 }
 
 std::string describe_gpu(const GpuDevice& gpu) {

@@ -1,5 +1,7 @@
 #include "launcher/stall_report.hpp"
 
+#include "common/topology.hpp"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -14,16 +16,7 @@ constexpr const char* kKindNames[] = {"init", "barrier", "timer", "heartbeat", "
 /// "0-3,5": ranks as a compact list.
 std::string rank_list(std::vector<int> ranks) {
   std::sort(ranks.begin(), ranks.end());
-  std::string text;
-  for (size_t i = 0; i < ranks.size();) {
-    size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    if (!text.empty()) text += ",";
-    text += std::to_string(ranks[i]);
-    if (j > i) text += "-" + std::to_string(ranks[j]);
-    i = j + 1;
-  }
-  return text.empty() ? "none" : text;
+  return ranks.empty() ? "none" : format_cpulist(ranks);
 }
 
 }  // namespace
