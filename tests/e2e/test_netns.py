@@ -23,6 +23,7 @@ with open(os.path.join(os.environ["MCPRUN_TEST_DIR"], "node.%s.json" % os.enviro
     json.dump({"sum": value.item(), "ifname": os.environ.get("GLOO_SOCKET_IFNAME"),
                "nccl_ifname": os.environ.get("NCCL_SOCKET_IFNAME"),
                "master": os.environ["MASTER_ADDR"]}, f)
+dist.destroy_process_group()  # torch 2.x's gloo threads otherwise may abort the exit.
 '''
 
 
@@ -99,9 +100,9 @@ class AcrossHosts(LauncherTestCase):
     def test_gloo_job_across_hosts_uses_the_veth(self):
         script = self.script("allreduce.py", ALLREDUCE)
         agents = [self.agent(i, script) for i in range(self.HOSTS)]
-        for proc in agents:
-            _, err = proc.communicate(timeout=120)
-            self.assertEqual(proc.returncode, 0, err)
+        results = [proc.communicate(timeout=120) for proc in agents]
+        for proc, (_, err) in zip(agents, results):
+            self.assertEqual(proc.returncode, 0, "\n".join(e for _, e in results))
         for rank in range(self.HOSTS):
             with open(os.path.join(self.tmp, f"node.{rank}.json")) as f:
                 node = json.load(f)
