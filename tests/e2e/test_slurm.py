@@ -88,7 +88,7 @@ class SlurmTest(LauncherTestCase):
         munged = subprocess.Popen(
             ["runuser", "-u", "munge", "--", "/usr/sbin/munged", "-F", f"--socket={sock}",
              f"--pid-file={T}/munge/pid", f"--log-file={T}/munge/log", f"--seed-file={T}/munge/seed"],
-            start_new_session=True)
+            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         cls.daemons.append(munged.pid)
         if not wait_for(lambda: os.path.exists(sock), 10):
             raise RuntimeError("munged did not create its socket")
@@ -172,12 +172,15 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 
     def read(self, name):
         path = os.path.join(self.tmp, name)
-        return open(path).read() if os.path.exists(path) else ""
+        if not os.path.exists(path):
+            return ""
+        with open(path) as f:
+            return f.read()
 
     def test_two_nodes_two_ranks_each_from_slurm_alone(self):
         submitted = time.time()
         job = self.sbatch(f'srun --ntasks-per-node=1 -o {self.tmp}/node%n.out '
-                          f'"$MCPRUN" -n 2 "$PYTHON_EXEC" -- {self.worker} ddp\n', "-N", "2")
+                          f'"$MCPRUN" -n 2 {self.worker} ddp\n', "-N", "2")
         self.wait_gone(job, 90)
         logs = self.read("job.out") + self.read("node0.out") + self.read("node1.out")
         envs = [json.loads(self.read(f"rank.{r}.json") or "null") for r in range(4)]
@@ -207,7 +210,7 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         port = str(free_port())
         started = time.time()
         procs = [self.start("--nnodes", "2", "--node-rank", str(n), "--master-addr", "127.0.0.1",
-                            "--master-port", port, "-n", "2", PYTHON, "--", self.worker, "ddp")
+                            "--master-port", port, "-n", "2", self.worker, "ddp")
                  for n in range(2)]
         for proc in procs:
             _, err = proc.communicate(timeout=90)
@@ -217,7 +220,7 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
     def test_scancel_stops_every_process_and_reports_cancelled(self):
         job = self.sbatch(f'srun --ntasks-per-node=1 -o {self.tmp}/node%n.out '
                           f'bash -c \'exec "$MCPRUN" -n 2 --summary-json {self.tmp}/summary.$SLURM_NODEID.json '
-                          f'"$PYTHON_EXEC" -- {self.worker} spin\'\n', "-N", "2")
+                          f'{self.worker} spin\'\n', "-N", "2")
         self.assertTrue(wait_for(lambda: len(self.pids()) == 4, 60, 0.1),
                         self.read("job.out") + self.read("node0.out"))
         cancelled = time.monotonic()
@@ -229,7 +232,7 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         for node in range(2):
             self.assertTrue(wait_for(lambda: self.read(f"summary.{node}.json"), 5), self.read(f"node{node}.out"))
             summary = json.loads(self.read(f"summary.{node}.json"))
-            self.assertEqual(summary["result"], "cancelled", summary)
+            self.assertEqual(summary["result"], "cancelled", self.read(f"node{node}.out"))
             self.assertEqual(summary["exit_code"], 76, summary)
             self.assertIn("cancelled by Slurm", self.read(f"node{node}.out"))
 
