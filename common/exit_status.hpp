@@ -13,6 +13,9 @@ enum ExitStatus : int {
   kExitUsage = 2,        ///< Bad flags or input: one line on stderr says which.
   kExitStalled = 3,      ///< A stall watchdog fired (init barrier, timer, heartbeat, barrier, silence).
   kExitRendezvous = 75,  ///< Rendezvous failed or a node was lost (EX_TEMPFAIL: retrying may work).
+  /// Under Slurm, SIGTERM (scancel, the time limit, preemption) stopped the group: not a worker's
+  /// failure, so a --requeue batch script can requeue on it.
+  kExitSlurmCancelled = 76,
   kExitJobTimeout = 124, ///< --timeout passed before the job ended (as timeout(1) reports it).
   kExitSignalBase = 128  ///< 128 + N: a worker died of signal N, or mcprun was interrupted by N.
 };

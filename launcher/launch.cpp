@@ -479,11 +479,17 @@ std::optional<int> Launch::conclude(const AttemptResult& result, int attempt, in
                    restart_count + 1, config_.max_restarts);
       return std::nullopt;
     case AttemptResult::End::kInterrupted:
+      if (config_.under_slurm && result.interrupt_signal == SIGTERM) return cancelled_by_slurm();
       return exit_code_for_signal(result.interrupt_signal);
     case AttemptResult::End::kSpawnFailed:
       spdlog::error("cannot start a worker: {}", result.spawn_error);
       return kExitFailure;
     case AttemptResult::End::kWorkerFailed:
+      // Slurm signals every process of the step: a worker may die of its SIGTERM before mcprun
+      // handles its own.
+      if (config_.under_slurm && exit_code_for(result.workers[result.first_failure]) ==
+                                     exit_code_for_signal(SIGTERM))
+        return cancelled_by_slurm();
       break;
   }
   std::fputs(format_failure_report(result.workers, result.first_failure, host_, restart_count,
@@ -518,6 +524,13 @@ std::optional<int> Launch::conclude_stall(const AttemptResult& result, int attem
   spdlog::warn("restarting the worker group after the stall ({} of {} restarts)", restart_count + 1,
                config_.max_restarts);
   return std::nullopt;
+}
+
+int Launch::cancelled_by_slurm() {
+  spdlog::error("cancelled by Slurm (SIGTERM: scancel, the time limit or preemption): stopped "
+                "every worker on {}; exit {}", host_, static_cast<int>(kExitSlurmCancelled));
+  if (rendezvous_) rendezvous_->report_failure("Slurm cancelled the job on " + host_, kExitSlurmCancelled);
+  return kExitSlurmCancelled;
 }
 
 void Launch::serve_remaining_nodes(std::chrono::seconds limit) {

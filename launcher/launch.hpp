@@ -57,6 +57,8 @@ class Launch {
   std::optional<int> conclude_stall(const AttemptResult& result, int attempt, int restart_count);
   /// The host of an embedded rendezvous serves the others until their jobs are over too.
   void serve_remaining_nodes(std::chrono::seconds limit);
+  /// Under Slurm, SIGTERM stopped the group: says so, tells the other nodes, kExitSlurmCancelled.
+  int cancelled_by_slurm();
 
   const LaunchConfig& config_;
   RunSummary& summary_;

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "launcher/job_file.hpp"
+#include "launcher/slurm.hpp"
 
 namespace mcprun {
 namespace {
@@ -451,6 +452,10 @@ ParseResult parse_arguments(const std::vector<std::string>& args, JobFile& job) 
       "threads) or numa (the CPUs local to the worker's GPU)")
       ->check(CLI::IsMember({"none", "numa"}));
   flag("verbose", config.verbose, "Log each step of the launch", "-v");
+  app.add_flag("--no-slurm", config.no_slurm,
+               "Ignore SLURM_* variables (also MCPRUN_SLURM=0). Under srun, mcprun otherwise takes "
+               "nnodes, node rank, master (first node of the step), port 20000 + job id % 10000, "
+               "run id and GPUs from Slurm wherever no flag or PET_* variable sets them");
 
   auto abbreviations_expanded = expand_abbreviations(app, args);
   if (auto* error = std::get_if<UsageError>(&abbreviations_expanded)) return *error;
@@ -513,6 +518,12 @@ ParseResult parse_arguments(const std::vector<std::string>& args, JobFile& job) 
   if (!gpus_text.empty()) config.gpus = gpus_text;
   config.bind = bind_text == "numa" ? LaunchConfig::CpuBind::kNuma : LaunchConfig::CpuBind::kNone;
 
+  // Under srun: what the step says, wherever the user set nothing (see launcher/slurm.hpp).
+  auto set_by_user = [&](const std::string& dashed) {
+    return app.count("--" + dashed) > 0 || job.flag_lines.contains(dashed) ||
+           std::getenv(env_name_for(dashed).c_str()) != nullptr;
+  };
+  if (auto error = apply_slurm(config, current_environment(), set_by_user)) return UsageError{*error};
   {
     auto colon = config.nnodes.find(':');
     auto min_nodes = parse_int(std::string_view(config.nnodes).substr(0, colon));

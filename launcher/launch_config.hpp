@@ -98,6 +98,9 @@ struct LaunchConfig {
   std::string script;                   ///< Script, module or executable.
   std::vector<std::string> script_args; ///< Passed through untouched.
   std::vector<std::string> warnings;    ///< Non-fatal remarks to log before launching.
+  std::vector<std::string> notes;       ///< Info lines to log before launching (what came from Slurm).
+  bool no_slurm = false;                ///< --no-slurm / MCPRUN_SLURM=0: ignore SLURM_* variables.
+  bool under_slurm = false;             ///< Settings came from a Slurm step: a SIGTERM is Slurm's cancel.
 };
 
 /// Bad input: the one line to print, and that the exit code is kExitUsage.

@@ -1,5 +1,6 @@
-// mcprun: a subcommand (jobs, status, stop, topo, store, doctor), or torchrun's flags and a Launch.
+// mcprun: a subcommand (jobs, status, stop, topo, store, doctor, hostnames), or torchrun's flags and a Launch.
 #include <signal.h>
+#include <spdlog/spdlog.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -13,6 +14,7 @@
 #include "launcher/launch_config.hpp"
 #include "launcher/operator_command.hpp"
 #include "launcher/run_summary.hpp"
+#include "launcher/slurm.hpp"
 #include "launcher/store_command.hpp"
 
 namespace mcprun {
@@ -46,6 +48,13 @@ int main(int argc, char** argv) {
     }
     if (!args.empty() && args.front() == "store")
       return run_store_command({args.begin() + 1, args.end()});
+    if (!args.empty() && args.front() == "hostnames") {  // As `scontrol show hostnames`.
+      if (args.size() != 2) return usage_error("usage: mcprun hostnames 'n[1-4],gpu-[01-02]'");
+      auto hosts = expand_hostlist(args[1]);
+      if (auto* error = std::get_if<std::string>(&hosts)) return usage_error(*error);
+      for (const auto& host : std::get<std::vector<std::string>>(hosts)) std::cout << host << "\n";
+      return kExitSuccess;
+    }
     if (!args.empty() && args.front() == "doctor")
       return run_doctor({args.begin() + 1, args.end()});
     ParseResult parsed = parse_launch_config(args);
@@ -56,6 +65,7 @@ int main(int argc, char** argv) {
     if (auto* error = std::get_if<UsageError>(&parsed)) return usage_error(error->message);
     const LaunchConfig& config = std::get<LaunchConfig>(parsed);
     init_logging("mcprun", config.verbose);
+    for (const auto& note : config.notes) spdlog::info("{}", note);
     RunSummary summary(config, host_name());
     const int code = Launch(config, summary).run();
     summary.write(code);  // Every ending of launch(), for CI.

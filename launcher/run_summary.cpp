@@ -150,6 +150,7 @@ RunSummary::RunSummary(const LaunchConfig& config, std::string host)
       summary_json_(config.summary_json),
       junit_(config.junit),
       job_timeout_(config.job_timeout),
+      under_slurm_(config.under_slurm),
       started_(std::chrono::system_clock::now()),
       started_steady_(std::chrono::steady_clock::now()),
       attempt_started_(started_) {
@@ -217,6 +218,8 @@ std::string RunSummary::rank_ending(const Rank& rank) const {
 }
 
 RunSummary::Verdict RunSummary::verdict(int exit_code) const {
+  if (under_slurm_ && exit_code == kExitSlurmCancelled)
+    return {"cancelled", "cancelled by Slurm (SIGTERM: scancel, the time limit or preemption)"};
   std::vector<WorkerOutcome> workers;
   for (const Rank& rank : ranks_) workers.push_back(rank.outcome);
   if (last_ && exit_code_of(*last_, workers) == exit_code) {

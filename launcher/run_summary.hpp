@@ -54,7 +54,7 @@ class RunSummary {
     double duration_s = 0;
     std::filesystem::path stdout_log, stderr_log;  ///< Empty: not kept.
   };
-  /// The job's result word (success|failed|stalled|timeout|interrupted) and one-line root cause.
+  /// The job's result word (success|failed|stalled|timeout|interrupted|cancelled) and one-line root cause.
   struct Verdict {
     std::string result;
     std::string root_cause;
@@ -71,6 +71,7 @@ class RunSummary {
   bool active_;
   std::string host_, rdzv_id_, summary_json_, junit_;
   double job_timeout_;
+  bool under_slurm_;  ///< kExitSlurmCancelled then means Slurm's SIGTERM ended the job.
   std::chrono::system_clock::time_point started_;
   std::chrono::steady_clock::time_point started_steady_;
   std::chrono::system_clock::time_point attempt_started_;
