@@ -81,7 +81,7 @@ struct FailedNotice {
 };
 
 /// "stall" or "stall_report", which the daemon relays without reading more than it logs: the
-/// receiving agents parse the body (launcher/stall_report.hpp) and cope with a bad one.
+/// receiving agents parse the body (launcher/stall/stall_report.hpp) and cope with a bad one.
 struct RelayedNotice {
   nlohmann::json body;  ///< The message as sent, an object whose checked fields have their types.
   std::string what;     ///< "stall": what stalled, for the daemon's log.
@@ -123,7 +123,7 @@ struct LeaseGrant {
   int heartbeat_interval_ms = 3000;
 };
 
-// ---- worker -> agent (launcher/agent_channel.hpp) ----
+// ---- worker -> agent (launcher/stall/agent_channel.hpp) ----
 
 /// "hello": sent once per helper connection.
 struct HelloMessage {

@@ -22,7 +22,7 @@
 //   failed     both ways      job, node, reason: a worker failed; every agent stops its group
 //   error      daemon->agent  message: the request was refused (bad token, timeout, ...)
 //   stall      both ways      kind, what, noticed_on, [barrier, rank, arrived{addr: [ports]}]:
-//                             the job stalled (launcher/stall_report.hpp); every agent diagnoses,
+//                             the job stalled (launcher/stall/stall_report.hpp); every agent diagnoses,
 //                             dumps stacks and stops its group
 //   stall_report both ways    node, ranks[{rank, local_rank, host, pid, level, state, last_line,
 //                             last_line_age_s, stack_file}]: one node's ranks, for every report

@@ -15,17 +15,13 @@
 #include "common/exit_status.hpp"
 #include "common/logging.hpp"
 #include "common/protocol.hpp"
-#include "launcher/failure_report.hpp"
-#include "launcher/operator_command.hpp"
-#include "launcher/stall_report.hpp"
-#include "launcher/torch_keys.hpp"
+#include "common/sys.hpp"
+#include "launcher/supervise/failure_report.hpp"
+#include "launcher/commands/operator_command.hpp"
+#include "launcher/stall/stall_report.hpp"
+#include "launcher/store/torch_keys.hpp"
 
 namespace mcprun {
-
-std::string host_name() {
-  char name[256] = {};
-  return ::gethostname(name, sizeof name - 1) == 0 ? name : "localhost";
-}
 
 /// The run's folder: attempt_<n>/<local rank>/{stdout.log,stderr.log,error.json}. Under
 /// --log-dir it is kept; otherwise it is a temp folder removed at exit unless logs were asked for.

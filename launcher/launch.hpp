@@ -11,22 +11,19 @@
 #include <vector>
 
 #include "common/topology.hpp"
-#include "launcher/launch_config.hpp"
-#include "launcher/port_reservation.hpp"
-#include "launcher/process_control.hpp"
-#include "launcher/rank_plan.hpp"
-#include "launcher/rendezvous_client.hpp"
-#include "launcher/run_summary.hpp"
-#include "launcher/stall_watch.hpp"
-#include "launcher/worker_group.hpp"
+#include "launcher/config/launch_config.hpp"
+#include "launcher/plan/port_reservation.hpp"
+#include "launcher/process/process_control.hpp"
+#include "launcher/plan/rank_plan.hpp"
+#include "launcher/rendezvous/rendezvous_client.hpp"
+#include "launcher/report/run_summary.hpp"
+#include "launcher/stall/stall_watch.hpp"
+#include "launcher/supervise/worker_group.hpp"
 #include "rendezvousd/rendezvous_server.hpp"
 
 namespace mcprun {
 
 class RunDirectory;
-
-/// This machine's name, as reports and the rendezvous show it.
-std::string host_name();
 
 class Launch {
  public:

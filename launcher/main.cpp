@@ -8,14 +8,15 @@
 
 #include "common/exit_status.hpp"
 #include "common/logging.hpp"
+#include "common/sys.hpp"
 #include "common/topology.hpp"
-#include "launcher/doctor.hpp"
+#include "launcher/commands/doctor.hpp"
 #include "launcher/launch.hpp"
-#include "launcher/launch_config.hpp"
-#include "launcher/operator_command.hpp"
-#include "launcher/run_summary.hpp"
-#include "launcher/slurm.hpp"
-#include "launcher/store_command.hpp"
+#include "launcher/config/launch_config.hpp"
+#include "launcher/commands/operator_command.hpp"
+#include "launcher/report/run_summary.hpp"
+#include "launcher/config/slurm.hpp"
+#include "launcher/commands/store_command.hpp"
 
 namespace mcprun {
 namespace {

@@ -1,4 +1,4 @@
-#include "launcher/doctor.hpp"
+#include "launcher/commands/doctor.hpp"
 
 #include <gtest/gtest.h>
 #include <netinet/in.h>

@@ -1,4 +1,4 @@
-#include "launcher/failure_report.hpp"
+#include "launcher/supervise/failure_report.hpp"
 
 #include <gtest/gtest.h>
 #include <signal.h>

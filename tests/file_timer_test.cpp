@@ -1,4 +1,4 @@
-#include "launcher/file_timer.hpp"
+#include "launcher/stall/file_timer.hpp"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>

@@ -8,8 +8,8 @@
 #include <functional>
 #include <map>
 
-#include "launcher/init_barrier.hpp"
-#include "launcher/torch_keys.hpp"
+#include "launcher/store/init_barrier.hpp"
+#include "launcher/store/torch_keys.hpp"
 
 namespace mcprun {
 namespace {

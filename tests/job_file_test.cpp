@@ -1,11 +1,11 @@
-#include "launcher/job_file.hpp"
+#include "launcher/config/job_file.hpp"
 
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
 
-#include "launcher/launch_config.hpp"
+#include "launcher/config/launch_config.hpp"
 #include "tests/temp_dir.hpp"
 
 namespace mcprun {

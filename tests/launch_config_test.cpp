@@ -1,4 +1,4 @@
-#include "launcher/launch_config.hpp"
+#include "launcher/config/launch_config.hpp"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>

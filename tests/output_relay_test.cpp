@@ -1,4 +1,4 @@
-#include "launcher/output_relay.hpp"
+#include "launcher/supervise/output_relay.hpp"
 
 #include <gtest/gtest.h>
 

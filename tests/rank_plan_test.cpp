@@ -1,4 +1,4 @@
-#include "launcher/rank_plan.hpp"
+#include "launcher/plan/rank_plan.hpp"
 
 #include <gtest/gtest.h>
 

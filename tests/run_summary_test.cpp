@@ -1,4 +1,4 @@
-#include "launcher/run_summary.hpp"
+#include "launcher/report/run_summary.hpp"
 
 #include <gtest/gtest.h>
 #include <signal.h>

@@ -1,4 +1,4 @@
-#include "launcher/slurm.hpp"
+#include "launcher/config/slurm.hpp"
 
 #include <gtest/gtest.h>
 

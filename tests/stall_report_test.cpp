@@ -4,8 +4,8 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <unistd.h>
 
-#include "launcher/proc_sockets.hpp"
-#include "launcher/stall_report.hpp"
+#include "common/proc_sockets.hpp"
+#include "launcher/stall/stall_report.hpp"
 
 namespace mcprun {
 namespace {

@@ -1,4 +1,4 @@
-#include "launcher/tcp_store.hpp"
+#include "launcher/store/tcp_store.hpp"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "launcher/worker_env.hpp"
+#include "launcher/plan/worker_env.hpp"
 
 #include <gtest/gtest.h>
 

@@ -325,7 +325,7 @@ class Store(StoreTestCase):
         for proc in ranks:
             out, err = proc.communicate(timeout=120)
             self.assertEqual((proc.returncode, out), (0, "3.0\n"), err)
-        # As captured from real clients (launcher/torch_keys.hpp): 2.x has no attempt prefix.
+        # As captured from real clients (launcher/store/torch_keys.hpp): 2.x has no attempt prefix.
         self.assertRegex(self.log(), r"SET /default_pg/" if TORCH2 else r"SET //worker/attempt_0/default_pg/")
 
     def test_sigterm_stops_the_store_and_releases_blocked_clients(self):

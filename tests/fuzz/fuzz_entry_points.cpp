@@ -10,9 +10,9 @@
 
 #include "common/messages.hpp"
 #include "common/protocol.hpp"
-#include "launcher/file_timer.hpp"
-#include "launcher/launch_config.hpp"
-#include "launcher/tcp_store.hpp"
+#include "launcher/stall/file_timer.hpp"
+#include "launcher/config/launch_config.hpp"
+#include "launcher/store/tcp_store.hpp"
 
 namespace mcprun::fuzz {
 namespace {

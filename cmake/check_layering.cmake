@@ -1,0 +1,25 @@
+# Fails when a file of LIBRARY includes a project header outside the ALLOWED folders.
+# Run by mcprun_library's build step; see cmake/mcprun_library.cmake.
+string(REPLACE "," ";" ALLOWED "${ALLOWED}")
+string(REPLACE "," ";" FILES "${FILES}")
+set(violations "")
+foreach(file IN LISTS FILES)
+  file(STRINGS ${file} includes REGEX "^#include \"[^\"]+\"")
+  foreach(line IN LISTS includes)
+    string(REGEX REPLACE "^#include \"([^\"]+)\".*" "\\1" header "${line}")
+    if(NOT EXISTS ${SOURCE_DIR}/${header})
+      continue()  # Not a project header (a path relative to the file, or generated).
+    endif()
+    get_filename_component(folder ${header} DIRECTORY)
+    if(NOT folder IN_LIST ALLOWED)
+      file(RELATIVE_PATH relative ${SOURCE_DIR} ${file})
+      string(APPEND violations "\n  ${relative} includes ${header}")
+    endif()
+  endforeach()
+endforeach()
+if(violations)
+  string(REPLACE ";" ", " allowed "${ALLOWED}")
+  message(FATAL_ERROR "${LIBRARY} may include only from ${allowed}:${violations}\n"
+                      "Declare the dependency in CMake (and ARCHITECTURE.md) or move the code down.")
+endif()
+file(TOUCH ${STAMP})

@@ -1,0 +1,70 @@
+#include "common/sys.hpp"
+
+#include <unistd.h>
+
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+
+extern char** environ;
+
+namespace mcprun {
+
+Environment current_environment() {
+  Environment env;
+  for (char** entry = environ; entry && *entry; ++entry) {
+    std::string_view text(*entry);
+    auto eq = text.find('=');
+    if (eq == std::string_view::npos) continue;
+    env.emplace(std::string(text.substr(0, eq)), std::string(text.substr(eq + 1)));
+  }
+  return env;
+}
+
+std::string host_name() {
+  char name[256] = {};
+  return ::gethostname(name, sizeof name - 1) == 0 ? name : "localhost";
+}
+
+std::string search_path_of(const Environment& env) {
+  auto path = env.find("PATH");
+  return path == env.end() ? "/usr/local/bin:/usr/bin:/bin" : path->second;
+}
+
+std::optional<std::string> find_executable(std::string_view name, std::string_view search_path) {
+  auto executable = [](const std::filesystem::path& candidate) {
+    std::error_code ec;
+    return std::filesystem::is_regular_file(candidate, ec) && ::access(candidate.c_str(), X_OK) == 0;
+  };
+  if (name.find('/') != std::string_view::npos) return std::string(name);  // exec reports what is wrong.
+  while (!search_path.empty()) {
+    const size_t colon = search_path.find(':');
+    const std::string_view dir = search_path.substr(0, colon);
+    search_path = colon == std::string_view::npos ? "" : search_path.substr(colon + 1);
+    if (dir.empty()) continue;
+    const std::filesystem::path candidate = std::filesystem::path(dir) / name;
+    if (executable(candidate)) return candidate.string();
+  }
+  return std::nullopt;
+}
+
+std::string signal_name(int signal) {
+  const char* abbrev = ::sigabbrev_np(signal);
+  return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(signal);
+}
+
+std::string describe_exit(int exit_code, int signal) {
+  if (signal != 0) return signal_name(signal) + " (signal " + std::to_string(signal) + ")";
+  return "exit code " + std::to_string(exit_code);
+}
+
+std::string utc_timestamp(std::chrono::system_clock::time_point time) {
+  const std::time_t seconds = std::chrono::system_clock::to_time_t(time);
+  std::tm utc{};
+  ::gmtime_r(&seconds, &utc);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &utc);
+  return text;
+}
+
+}  // namespace mcprun

@@ -1,0 +1,37 @@
+// The process's view of its host: environment, host name, executable lookup, signal names, time.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace mcprun {
+
+using Environment = std::map<std::string, std::string>;
+
+/// The environment mcprun itself was started with.
+Environment current_environment();
+
+/// This host's name (gethostname), "localhost" if it has none.
+std::string host_name();
+
+/// PATH from `env`, or the shell's default when it is unset.
+std::string search_path_of(const Environment& env);
+
+/// Looks `name` up on a ':'-separated `search_path` as execvp would, except that empty entries
+/// (the current directory) are skipped, so a job's working directory cannot plant a "python3" or
+/// a "gdb". A name with a slash is returned unchanged.
+std::optional<std::string> find_executable(std::string_view name, std::string_view search_path);
+
+/// "SIGKILL" for 9, "signal 77" for an unnamed number.
+std::string signal_name(int signal);
+
+/// "exit code 3", or "SIGKILL (signal 9)" for a process a signal ended.
+std::string describe_exit(int exit_code, int signal);
+
+/// "2026-12-03T13:53:17Z": error files, reports and stack dumps all stamp time this way.
+std::string utc_timestamp(std::chrono::system_clock::time_point time = std::chrono::system_clock::now());
+
+}  // namespace mcprun

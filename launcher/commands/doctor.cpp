@@ -1,0 +1,1323 @@
+#include "launcher/commands/doctor.hpp"
+
+#include "launcher/config/launch_config.hpp"
+#include "launcher/plan/worker_env.hpp"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <net/if.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/statvfs.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "common/exit_status.hpp"
+#include "launcher/config/subcommand.hpp"
+#include "common/messages.hpp"
+#include "common/protocol.hpp"
+#include "common/sys.hpp"
+#include "common/topology.hpp"
+#include "common/unique_fd.hpp"
+#include "launcher/process/process_control.hpp"
+#include "launcher/plan/rank_plan.hpp"
+
+namespace mcprun {
+namespace fs = std::filesystem;
+namespace {
+
+/// Whole seconds of a limit, for messages and --help: "3".
+std::string seconds_text(std::chrono::milliseconds limit) {
+  return std::to_string(std::chrono::duration_cast<std::chrono::seconds>(limit).count());
+}
+
+std::string doctor_description() {
+  return "mcprun doctor: this node's preflight checks for a distributed job, each with what was\n"
+         "found and, for WARN and FAIL, what to do: /dev/shm size, the interface that routes to\n"
+         "the master or the rendezvous, MASTER_PORT and the rendezvous endpoint, inherited\n"
+         "variables that fight mcprun or change NCCL, GPUs (NUMA, PCIe link width and speed),\n"
+         "RLIMIT_MEMLOCK, hostname resolution, and with --rdzv-endpoint the clock against the\n"
+         "rendezvous (WARN above " +
+         seconds_text(kClockWarnAbove) + " s of skew, FAIL above " + seconds_text(kClockFailAbove) +
+         " s).\n\n"
+         "MASTER_ADDR and MASTER_PORT from the environment are checked when the flags are not\n"
+         "given. A connect waits at most " +
+         seconds_text(kDoctorConnectTimeout) + " s, a clock reply " +
+         seconds_text(kClockReplyTimeout) +
+         " s.\nExit status: 0 when no check FAILed (WARNs included), 1 when one did, 2 for bad "
+         "flags.";
+}
+
+/// NCCL's shared-memory segments stall at docker's 64 MB; the remedy names both ways to grow it.
+constexpr const char* kShmRemedy =
+    "docker: run with --ipc=host or --shm-size=8g (Kubernetes: an emptyDir with medium: Memory "
+    "mounted at /dev/shm); a host: mount -o remount,size=8G /dev/shm";
+
+std::string format_bytes(uint64_t bytes) {
+  static const char* const kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double value = static_cast<double>(bytes);
+  size_t unit = 0;
+  while (value >= 1024 && unit + 1 < std::size(kUnits)) {
+    value /= 1024;
+    ++unit;
+  }
+  char text[32];
+  // Whole numbers print bare ("64 MiB"), others with one decimal ("1.5 GiB").
+  if (value == static_cast<double>(static_cast<uint64_t>(value)))
+    std::snprintf(text, sizeof text, "%.0f %s", value, kUnits[unit]);
+  else
+    std::snprintf(text, sizeof text, "%.1f %s", value, kUnits[unit]);
+  return text;
+}
+
+std::optional<long> parse_long(std::string_view text) {
+  long value = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size()) return std::nullopt;
+  return value;
+}
+
+std::optional<int> parse_port(const std::string& text) {
+  auto port = parse_long(text);
+  if (!port || *port < 1 || *port > 65535) return std::nullopt;
+  return static_cast<int>(*port);
+}
+
+bool is_loopback(const std::string& address) {
+  in_addr v4{};
+  if (::inet_pton(AF_INET, address.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6{};
+  if (::inet_pton(AF_INET6, address.c_str(), &v6) == 1) return IN6_IS_ADDR_LOOPBACK(&v6);
+  return address == "localhost";
+}
+
+/// An address of this node: loopback, or held by one of its interfaces.
+bool is_local(const std::string& address, DoctorProbes& probes) {
+  return is_loopback(address) || probes.interface_of(address).has_value();
+}
+
+/// InfiniBand/RoCE adapters show up under class/infiniband.
+bool has_infiniband(const fs::path& sysfs) {
+  std::error_code ec;
+  fs::directory_iterator it(sysfs / "class" / "infiniband", ec);
+  return !ec && it != fs::directory_iterator();
+}
+
+CheckResult ok(std::string name, std::string finding) {
+  return {std::move(name), CheckStatus::kOk, std::move(finding), ""};
+}
+CheckResult warn(std::string name, std::string finding, std::string remedy) {
+  return {std::move(name), CheckStatus::kWarn, std::move(finding), std::move(remedy)};
+}
+CheckResult fail(std::string name, std::string finding, std::string remedy) {
+  return {std::move(name), CheckStatus::kFail, std::move(finding), std::move(remedy)};
+}
+
+std::vector<std::string> split(const std::string& text, char separator) {
+  std::vector<std::string> items;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, separator);)
+    if (!item.empty()) items.push_back(item);
+  return items;
+}
+
+/// NCCL_SOCKET_IFNAME's rule: comma-separated prefixes, "=" for exact names, a leading "^" to
+/// exclude the listed ones instead.
+bool nccl_interface_matches(std::string spec, const std::string& interface) {
+  const bool exclude = spec.starts_with("^");
+  if (exclude) spec.erase(0, 1);
+  const bool exact = spec.starts_with("=");
+  if (exact) spec.erase(0, 1);
+  bool listed = false;
+  for (const std::string& item : split(spec, ','))
+    listed = listed || (exact ? interface == item : interface.starts_with(item));
+  return exclude ? !listed : listed;
+}
+
+/// The master or the rendezvous host, as the other checks name and reach it.
+struct RouteTarget {
+  std::string host;
+  std::string label;  ///< "MASTER_ADDR 10.0.0.1", "the rendezvous host head".
+};
+
+std::optional<RouteTarget> route_target(const DoctorInputs& inputs) {
+  if (!inputs.rdzv_endpoint.empty()) {
+    auto parsed = parse_peer_endpoint(inputs.rdzv_endpoint);
+    if (auto* endpoint = std::get_if<PeerEndpoint>(&parsed);
+        endpoint && endpoint->unix_path.empty())
+      return RouteTarget{endpoint->host, "the rendezvous host " + endpoint->host};
+  }
+  if (!inputs.master_addr.empty())
+    return RouteTarget{inputs.master_addr, "MASTER_ADDR " + inputs.master_addr};
+  return std::nullopt;
+}
+
+/// The first address `host` resolves to, or why it has none.
+struct FirstAddress {
+  std::string address;
+  std::string error;  ///< Set when `host` does not resolve.
+};
+
+FirstAddress first_address(const std::string& host, DoctorProbes& probes) {
+  auto resolved = probes.resolve(host);
+  if (auto* error = std::get_if<std::string>(&resolved)) return {"", *error};
+  const auto& addresses = std::get<std::vector<std::string>>(resolved);
+  if (addresses.empty()) return {"", host + " has no address"};
+  return {addresses.front(), ""};
+}
+
+/// "1,0": indices, unlike UUIDs, name a different card under each CUDA_DEVICE_ORDER.
+bool names_gpus_by_index(const std::string& visible) {
+  auto items = split(visible, ',');
+  return std::any_of(items.begin(), items.end(),
+                     [](const std::string& item) { return parse_long(item).has_value(); });
+}
+
+/// When an inherited variable has the effect its table row describes.
+enum class Trigger { kAnyValue, kNonZero, kZero };
+
+/// One inherited variable that changes how NCCL, torch or CUDA behave, and what to do about it.
+struct KnownVariable {
+  std::string_view name;
+  Trigger trigger;
+  CheckStatus status;
+  std::string_view effect;
+  std::string_view remedy;
+};
+
+/// Every variable the environment check explains, in one place.
+constexpr KnownVariable kKnownVariables[] = {
+    {"NCCL_P2P_DISABLE", Trigger::kNonZero, CheckStatus::kWarn,
+     "GPU peer-to-peer off; all-reduce goes through host memory, several times slower",
+     "unset it unless P2P is broken on this box (then fix the cause: IOMMU/ACS settings, a PCIe "
+     "switch); it is a probe, not a setting to keep"},
+    {"NCCL_P2P_LEVEL", Trigger::kAnyValue, CheckStatus::kOk,
+     "NCCL uses peer-to-peer only up to this GPU-to-GPU distance (LOC turns it off)", ""},
+    {"NCCL_SHM_DISABLE", Trigger::kNonZero, CheckStatus::kWarn,
+     "shared-memory transport off; GPUs without a P2P path exchange data over sockets, far slower",
+     "unset it once /dev/shm is large enough (see the shm check)"},
+    {"NCCL_IB_DISABLE", Trigger::kNonZero, CheckStatus::kWarn,
+     "InfiniBand/RoCE off; NCCL sends inter-node traffic over TCP sockets instead",
+     "unset it to let NCCL use the InfiniBand adapters found here"},
+    {"NCCL_NET_GDR_LEVEL", Trigger::kAnyValue, CheckStatus::kOk,
+     "GPUDirect RDMA only up to this GPU-to-NIC distance; beyond it data is staged through host "
+     "memory",
+     ""},
+    {"NCCL_DEBUG", Trigger::kAnyValue, CheckStatus::kOk,
+     "NCCL logs at this level on every rank (INFO: its setup, rings and transports)", ""},
+    {"NCCL_DEBUG_SUBSYS", Trigger::kAnyValue, CheckStatus::kOk, "the NCCL subsystems logged", ""},
+    {"NCCL_ALGO", Trigger::kAnyValue, CheckStatus::kOk,
+     "forces NCCL's collective algorithm; its own tuning is off", ""},
+    {"NCCL_PROTO", Trigger::kAnyValue, CheckStatus::kOk,
+     "forces NCCL's protocol; its own tuning is off", ""},
+    {"NCCL_ASYNC_ERROR_HANDLING", Trigger::kZero, CheckStatus::kWarn,
+     "a failed or timed-out collective no longer aborts the rank: the job hangs instead of failing",
+     "unset it (mcprun then sets 1)"},
+    {"TORCH_NCCL_ASYNC_ERROR_HANDLING", Trigger::kZero, CheckStatus::kWarn,
+     "a failed or timed-out collective no longer aborts the rank: the job hangs instead of failing",
+     "unset it (mcprun then sets 1)"},
+    {"NCCL_BLOCKING_WAIT", Trigger::kNonZero, CheckStatus::kOk,
+     "the host waits for every collective and raises on its timeout", ""},
+    {"TORCH_NCCL_BLOCKING_WAIT", Trigger::kNonZero, CheckStatus::kOk,
+     "the host waits for every collective and raises on its timeout", ""},
+    {"TORCH_DISTRIBUTED_DEBUG", Trigger::kAnyValue, CheckStatus::kOk,
+     "torch checks and logs every collective (DETAIL: slower, for diagnosis)", ""},
+    {"CUDA_LAUNCH_BLOCKING", Trigger::kNonZero, CheckStatus::kWarn,
+     "every CUDA kernel launch waits for the kernel to finish: a debugging setting, much slower",
+     "unset it outside debugging"},
+};
+
+bool triggered(Trigger trigger, const std::string& value) {
+  switch (trigger) {
+    case Trigger::kAnyValue:
+      return true;
+    case Trigger::kNonZero:
+      return parse_long(value).value_or(0) != 0;
+    case Trigger::kZero:
+      return value == "0";
+  }
+  return false;
+}
+
+std::string join(const std::vector<std::string>& items, const std::string& separator) {
+  std::string text;
+  for (const std::string& item : items) text += (text.empty() ? "" : separator) + item;
+  return text;
+}
+
+/// The GT/s number of "16.0 GT/s PCIe"; nullopt for "Unknown" or garbage.
+std::optional<double> link_speed_gts(const std::string& text) {
+  try {
+    size_t used = 0;
+    double value = std::stod(text, &used);
+    return used > 0 && value > 0 ? std::optional<double>(value) : std::nullopt;
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+/// "16.0 GT/s PCIe" -> "16.0 GT/s".
+std::string short_speed(const std::string& text) {
+  auto suffix = text.find(" PCIe");
+  return suffix == std::string::npos ? text : text.substr(0, suffix);
+}
+
+std::string describe_connect_error(const ConnectResult& result) {
+  return result.error.empty() ? "unreachable" : result.error;
+}
+
+/// "2.314 s", "12.0 ms", "0.04 ms": enough digits to tell a loopback round trip from zero.
+std::string describe_duration(std::chrono::nanoseconds duration) {
+  const double ms = std::abs(std::chrono::duration<double, std::milli>(duration).count());
+  char text[32];
+  if (ms >= 1000)
+    std::snprintf(text, sizeof text, "%.3f s", ms / 1000);
+  else
+    std::snprintf(text, sizeof text, ms >= 10 ? "%.1f ms" : "%.2f ms", ms);
+  return text;
+}
+
+/// The skew with its direction: "2.314 s behind", "12.0 ms ahead of".
+std::string describe_skew(std::chrono::nanoseconds skew) {
+  // Positive skew: the rendezvous reads later than we do, so this node is behind.
+  return describe_duration(skew) + (skew.count() >= 0 ? " behind" : " ahead of");
+}
+
+}  // namespace
+
+const char* status_name(CheckStatus status) {
+  switch (status) {
+    case CheckStatus::kOk:
+      return "OK";
+    case CheckStatus::kWarn:
+      return "WARN";
+    case CheckStatus::kFail:
+      return "FAIL";
+  }
+  return "?";
+}
+
+std::string PeerEndpoint::text() const {
+  if (!unix_path.empty()) return "unix:" + unix_path;
+  return (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" +
+         std::to_string(port);
+}
+
+std::variant<PeerEndpoint, std::string> parse_peer_endpoint(const std::string& text) {
+  PeerEndpoint endpoint;
+  if (text.starts_with("unix:")) {
+    endpoint.unix_path = text.substr(5);
+    if (endpoint.unix_path.empty()) return "'" + text + "': unix: needs a socket path";
+    return endpoint;
+  }
+  const auto colon = text.rfind(':');
+  if (colon == std::string::npos || colon == 0)
+    return "'" + text + "': expected HOST:PORT or unix:PATH";
+  endpoint.host = text.substr(0, colon);
+  if (endpoint.host.size() > 2 && endpoint.host.front() == '[' && endpoint.host.back() == ']')
+    endpoint.host = endpoint.host.substr(1, endpoint.host.size() - 2);
+  auto port = parse_port(text.substr(colon + 1));
+  if (!port) return "'" + text + "': the port must be a number from 1 to 65535";
+  endpoint.port = *port;
+  return endpoint;
+}
+
+// --- The checks -------------------------------------------------------------------------------
+
+CheckResult check_shm(const DoctorInputs& inputs, DoctorProbes& probes) {
+  const std::string path = inputs.shm_path.string();
+  auto measured = probes.filesystem_space(inputs.shm_path);
+  if (auto* error = std::get_if<std::string>(&measured))
+    return fail("shm", *error + ": NCCL keeps its shared-memory segments there",
+                std::string("mount a tmpfs there (mount -t tmpfs -o size=8G tmpfs /dev/shm); ") +
+                    kShmRemedy);
+  const FilesystemSpace& space = std::get<FilesystemSpace>(measured);
+  if (space.total_bytes == 0)  // A tmpfs mounted with size=0 has no limit and reports none.
+    return warn("shm", path + " reports no size: it may be unlimited, or not a tmpfs at all",
+                "check what is mounted there (findmnt " + path + ")");
+  const std::string sizes = path + ": " + format_bytes(space.available_bytes) + " free of " +
+                            format_bytes(space.total_bytes);
+  // Free space is what NCCL can use; a large but full /dev/shm holds a killed job's segments.
+  const bool large_but_full = space.total_bytes >= kShmWarnBelowBytes;
+  const std::string remedy = large_but_full
+                                 ? "remove the stale segments of killed jobs (ls -la " + path + ")"
+                                 : std::string(kShmRemedy);
+  if (space.available_bytes < kShmFailBelowBytes)
+    return fail("shm",
+                sizes + ", below " + format_bytes(kShmFailBelowBytes) +
+                    ": NCCL's shared-memory transport stalls when it runs out",
+                remedy);
+  if (space.available_bytes < kShmWarnBelowBytes)
+    return warn("shm",
+                sizes + ", below " + format_bytes(kShmWarnBelowBytes) +
+                    ": enough for a few GPUs, tight for 8",
+                remedy);
+  return ok("shm", sizes);
+}
+
+CheckResult check_interface(const DoctorInputs& inputs, DoctorProbes& probes) {
+  auto target = route_target(inputs);
+  if (!target) {
+    if (!inputs.rdzv_endpoint.empty())
+      return ok("interface", "the rendezvous is a unix socket on this host: nothing to route");
+    return ok("interface",
+              "no --master-addr, MASTER_ADDR or --rdzv-endpoint given: a single-node job talks "
+              "over loopback (give the master's address to check the route to it)");
+  }
+  const FirstAddress address = first_address(target->host, probes);
+  if (!address.error.empty())
+    return fail("interface", "cannot resolve " + target->label + ": " + address.error,
+                "fix the name (DNS or /etc/hosts) or pass the address as a number");
+  const std::string& to = address.address;
+  const std::string where = target->label + (to == target->host ? "" : " (" + to + ")");
+  if (is_loopback(to))
+    return ok("interface", where +
+                               " is loopback: right for a single-node job only; other nodes "
+                               "cannot reach it");
+  auto source = probes.source_address(to);
+  if (!source)
+    return fail("interface", "no route to " + where,
+                "check the address and the routing table (ip route get " + to + ")");
+  auto interface = probes.interface_of(*source);
+  if (!interface)
+    return warn("interface",
+                "the route to " + where + " leaves from " + *source + ", which no interface holds",
+                "check ip route get " + to + " and ip -br addr");
+  // The master is this node: peers reach it on the interface that holds the address.
+  const std::string route = *source == to
+                                ? where + " is this node's address on " + *interface
+                                : "the route to " + where + " leaves through " + *interface +
+                                      " (" + *source + ")";
+  const std::string set_names =
+      "set NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME to the interface that reaches the other "
+      "nodes (mcprun sets both itself for a multi-node c10d job)";
+  if (*interface == "lo")
+    return warn("interface", route + ": loopback, which other nodes cannot reach", set_names);
+  if (interface->starts_with("docker") || interface->starts_with("virbr") ||
+      interface->starts_with("br-"))
+    return warn("interface",
+                route +
+                    ", a container/VM bridge: other hosts rarely reach it, and NCCL skips "
+                    "docker* and lo by default, so NCCL and Gloo may take different interfaces",
+                set_names + ", or fix the route");
+  auto nccl = inputs.env.find("NCCL_SOCKET_IFNAME");
+  if (nccl != inputs.env.end() && !nccl_interface_matches(nccl->second, *interface))
+    return warn("interface", route + ", but NCCL_SOCKET_IFNAME=" + nccl->second + " excludes it",
+                "set NCCL_SOCKET_IFNAME=" + *interface + " (and GLOO_SOCKET_IFNAME), or unset it");
+  auto gloo = inputs.env.find("GLOO_SOCKET_IFNAME");
+  if (gloo != inputs.env.end() && split(gloo->second, ',') != std::vector<std::string>{*interface})
+    return warn("interface", route + ", but GLOO_SOCKET_IFNAME=" + gloo->second,
+                "set GLOO_SOCKET_IFNAME=" + *interface + " (and NCCL_SOCKET_IFNAME), or unset it");
+  return ok("interface", route);
+}
+
+std::vector<CheckResult> check_master_port(const DoctorInputs& inputs, DoctorProbes& probes) {
+  const std::string name = "master-port";
+  if (inputs.master_port.empty()) {
+    if (inputs.master_addr.empty()) return {};
+    return {ok(name,
+               "no MASTER_PORT given: mcprun reserves a free one on the master (29500 for "
+               "a static multi-node job)")};
+  }
+  auto port = parse_port(inputs.master_port);
+  if (!port)
+    return {fail(name, "MASTER_PORT '" + inputs.master_port + "' is not a port (1-65535)",
+                 "set a number from 1 to 65535, or leave it out: mcprun reserves a free one")};
+  // mcprun's own default: a master on loopback.
+  const std::string host = inputs.master_addr.empty() ? "127.0.0.1" : inputs.master_addr;
+  const FirstAddress address = first_address(host, probes);
+  if (!address.error.empty())
+    return {warn(name, "not checked: " + host + " does not resolve (see the interface check)",
+                 "fix the master's name first")};
+  const std::string& to = address.address;
+  const std::string at = to + ":" + std::to_string(*port);
+  if (is_local(to, probes)) {
+    const int error = probes.bind_error(*port);
+    if (error == 0)
+      return {
+          ok(name, "MASTER_PORT " + std::to_string(*port) + " is free on this node (the master)")};
+    if (error == EADDRINUSE) {
+      if (auto owner = probes.listener_on(*port))
+        return {fail(
+            name,
+            "MASTER_PORT " + std::to_string(*port) + " is taken here: " +
+                (owner->empty() ? "something listens on it (its owner is hidden from this user)"
+                                : *owner + " listens on it"),
+            "the job store cannot listen there: stop that process (a leftover job's "
+            "store?), or pick another --master-port, or leave it out: mcprun reserves a free one")};
+      return {warn(name,
+                   "MASTER_PORT " + std::to_string(*port) +
+                       " is bound here but nothing listens: a port "
+                       "another job reserved (mcprun keeps its MASTER_PORT bound), or connections "
+                       "lingering in TIME_WAIT",
+                   "wait for the other job to end, or pick another --master-port")};
+    }
+    if (error == EACCES)
+      return {fail(
+          name, "MASTER_PORT " + std::to_string(*port) + " needs privileges to bind (below 1024)",
+          "pick a port above 1023")};
+    return {
+        warn(name,
+             "cannot test MASTER_PORT " + std::to_string(*port) + ": bind: " + std::strerror(error),
+             "check it by hand: ss -ltnp 'sport = :" + std::to_string(*port) + "'")};
+  }
+  const ConnectResult result = probes.connect(PeerEndpoint{to, *port, ""}, kDoctorConnectTimeout);
+  switch (result.outcome) {
+    case ConnectResult::Outcome::kConnected:
+      return {
+          ok(name, "something already listens at " + at +
+                       ": the master's job store if its job runs, else the port is taken there")};
+    case ConnectResult::Outcome::kRefused:
+      return {ok(name, to + " is reachable and nothing listens on " + std::to_string(*port) +
+                           " yet: right before the job starts")};
+    case ConnectResult::Outcome::kTimedOut:
+      return {warn(name,
+                   at + " did not answer within " + seconds_text(kDoctorConnectTimeout) +
+                       " s: packets dropped (a firewall?)",
+                   "allow TCP between the nodes on this port and on the ephemeral ports NCCL and "
+                   "Gloo open (firewalld/ufw/iptables, the cloud's security groups)")};
+    case ConnectResult::Outcome::kUnreachable:
+      break;
+  }
+  return {fail(name, "cannot reach " + at + ": " + describe_connect_error(result),
+               "check the address and the routing table (ip route get " + to + ")")};
+}
+
+std::vector<CheckResult> check_rdzv_endpoint(const DoctorInputs& inputs, DoctorProbes& probes) {
+  const std::string name = "rdzv-endpoint";
+  if (inputs.rdzv_endpoint.empty()) return {};
+  auto parsed = parse_peer_endpoint(inputs.rdzv_endpoint);
+  if (auto* error = std::get_if<std::string>(&parsed))
+    return {fail(name, "--rdzv-endpoint " + *error, "expected HOST:PORT or unix:PATH")};
+  PeerEndpoint endpoint = std::get<PeerEndpoint>(parsed);
+  const std::string shown = endpoint.text();
+  const std::string start_it =
+      "start rendezvousd there (rendezvousd --listen 0.0.0.0:" + std::to_string(endpoint.port) +
+      "), or start mcprun on that node first: it hosts the rendezvous itself";
+  const std::string timeout_text = " did not answer within " + seconds_text(kDoctorConnectTimeout) +
+                                   " s: packets dropped (a firewall?)";
+  const std::string firewall =
+      "allow TCP to port " + std::to_string(endpoint.port) +
+      " from every node (firewalld/ufw/iptables, the cloud's security groups)";
+  if (!endpoint.unix_path.empty()) {
+    const ConnectResult result = probes.connect(endpoint, kDoctorConnectTimeout);
+    if (result.outcome == ConnectResult::Outcome::kConnected)
+      return {ok(name, "something listens at " + shown)};
+    return {fail(name, "nothing listens at " + shown + ": " + describe_connect_error(result),
+                 "start rendezvousd --unix-socket " + endpoint.unix_path)};
+  }
+  const FirstAddress address = first_address(endpoint.host, probes);
+  if (!address.error.empty())
+    return {warn(name,
+                 "not checked: " + endpoint.host + " does not resolve (see the interface check)",
+                 "fix the rendezvous host's name first")};
+  const bool local = is_local(address.address, probes);
+  endpoint.host = address.address;
+  const ConnectResult result = probes.connect(endpoint, kDoctorConnectTimeout);
+  switch (result.outcome) {
+    case ConnectResult::Outcome::kConnected:
+      return {ok(name, "something listens at " + shown +
+                           " (rendezvousd, or a node hosting the rendezvous)")};
+    case ConnectResult::Outcome::kRefused:
+      if (local)
+        return {
+            ok(name,
+               "nothing listens at " + shown +
+                   " yet: the endpoint is this node, so mcprun will host the rendezvous itself")};
+      return {fail(name,
+                   endpoint.host + " is reachable but nothing listens on port " +
+                       std::to_string(endpoint.port),
+                   start_it)};
+    case ConnectResult::Outcome::kTimedOut:
+      return {fail(name, shown + timeout_text, firewall)};
+    case ConnectResult::Outcome::kUnreachable:
+      break;
+  }
+  return {fail(name, "cannot reach " + shown + ": " + describe_connect_error(result),
+               "check the address and the routing table (ip route get " + endpoint.host + ")")};
+}
+
+std::vector<CheckResult> check_environment(const DoctorInputs& inputs, DoctorProbes& probes) {
+  const std::string name = "environment";
+  std::vector<CheckResult> results;
+  std::optional<std::vector<std::string>> interfaces;  // Listed only when a variable names one.
+  auto interface_names = [&]() -> const std::vector<std::string>& {
+    if (!interfaces) interfaces = probes.interface_names();
+    return *interfaces;
+  };
+  for (const auto& [variable, value] : inputs.env) {
+    const std::string shown = variable + "=" + value;
+    if (owned_by_launcher(variable) && variable != kLogLinePrefixTemplateVariable) {
+      std::string remedy =
+          "unset it where it comes from (an outer torchrun, a wrapper framework, a job script): "
+          "two parties setting up one process group hang it";
+      if (variable == "MASTER_ADDR" || variable == "MASTER_PORT")
+        remedy += "; meant for mcprun? pass --" +
+                  std::string(variable == "MASTER_ADDR" ? "master-addr" : "master-port");
+      results.push_back(
+          warn(name, "inherited " + shown + ": mcprun replaces it for every worker", remedy));
+      continue;
+    }
+    if (variable == "CUDA_VISIBLE_DEVICES") {
+      const auto order = inputs.env.find("CUDA_DEVICE_ORDER");
+      const bool pci_order = order != inputs.env.end() && order->second == "PCI_BUS_ID";
+      if (split(value, ',').empty()) {
+        results.push_back(warn(name, "CUDA_VISIBLE_DEVICES is empty: CUDA sees no GPU at all",
+                               "unset it, or name the GPUs to use"));
+      } else if (names_gpus_by_index(value) && !pci_order) {
+        results.push_back(warn(
+            name,
+            shown +
+                " without CUDA_DEVICE_ORDER=PCI_BUS_ID: indices then follow CUDA's fastest-first "
+                "order, not nvidia-smi's (PCI) order, so an index may name another card",
+            "export CUDA_DEVICE_ORDER=PCI_BUS_ID, or name the GPUs by UUID (nvidia-smi -L); mcprun "
+            "reads the indices in PCI order and sets both for its workers"));
+      } else {
+        results.push_back(ok(name, shown + ": mcprun pins its workers within these GPUs"));
+      }
+      continue;
+    }
+    if (variable == "NCCL_SOCKET_IFNAME") {
+      std::vector<std::string> matched;
+      for (const std::string& interface : interface_names())
+        if (nccl_interface_matches(value, interface)) matched.push_back(interface);
+      if (matched.empty())
+        results.push_back(
+            warn(name, shown + ": no interface here matches, so NCCL finds no socket interface",
+                 "name an interface that exists (ip -br link): NCCL takes prefixes, '=' "
+                 "for exact names, a leading '^' to exclude"));
+      else
+        results.push_back(ok(name, shown + ": NCCL's sockets use only " + join(matched, ", ")));
+      continue;
+    }
+    if (variable == "GLOO_SOCKET_IFNAME") {
+      std::vector<std::string> missing;
+      for (const std::string& interface : split(value, ','))
+        if (std::find(interface_names().begin(), interface_names().end(), interface) ==
+            interface_names().end())
+          missing.push_back(interface);
+      if (!missing.empty())
+        results.push_back(warn(
+            name, shown + ": no interface " + join(missing, ", ") + " here; Gloo fails to start",
+            "name an interface that exists (ip -br link)"));
+      else
+        results.push_back(ok(name, shown + ": Gloo's sockets use this interface"));
+      continue;
+    }
+    for (const KnownVariable& known : kKnownVariables) {
+      if (variable != known.name || !triggered(known.trigger, value)) continue;
+      CheckResult result{name, known.status, shown + ": " + std::string(known.effect),
+                         std::string(known.remedy)};
+      // Without an adapter, turning InfiniBand off changes nothing.
+      if (variable == "NCCL_IB_DISABLE" && !has_infiniband(inputs.sysfs_root)) {
+        result.status = CheckStatus::kOk;
+        result.finding += " (no InfiniBand adapter here: no effect)";
+      }
+      if (result.status == CheckStatus::kOk) result.remedy.clear();
+      results.push_back(std::move(result));
+    }
+  }
+  if (results.empty())
+    results.push_back(ok(name, "no inherited variable fights mcprun or changes NCCL"));
+  return results;
+}
+
+std::vector<CheckResult> check_gpus(const DoctorInputs& inputs) {
+  const std::string name = "gpus";
+  const std::vector<GpuDevice> gpus = discover_gpus(inputs.sysfs_root);
+  if (gpus.empty()) return {ok(name, "no NVIDIA GPU found; workers run on CPU")};
+  std::vector<CheckResult> results;
+  std::vector<std::string> listed, unknown_numa;
+  std::set<int> numa_nodes;
+  for (const GpuDevice& gpu : gpus) {
+    listed.push_back(gpu.bus_id + " (NUMA " +
+                     (gpu.numa_node < 0 ? "?" : std::to_string(gpu.numa_node)) + ")");
+    if (gpu.numa_node < 0)
+      unknown_numa.push_back(gpu.bus_id);
+    else
+      numa_nodes.insert(gpu.numa_node);
+  }
+  std::string summary = std::to_string(gpus.size()) + " GPU" + (gpus.size() == 1 ? "" : "s") +
+                        ": " + join(listed, ", ");
+  if (numa_nodes.size() > 1) {
+    std::vector<std::string> nodes;
+    for (int node : numa_nodes) nodes.push_back(std::to_string(node));
+    summary += "; they span NUMA nodes " + join(nodes, ", ") +
+               ": --bind numa keeps each worker's host memory next to its GPU";
+  }
+  results.push_back(ok(name, summary));
+  if (!unknown_numa.empty())
+    results.push_back(
+        warn(name,
+             "no NUMA affinity known for " + join(unknown_numa, ", ") +
+                 " (numa_node -1): --bind numa cannot place their workers",
+             "normal on a single-socket box; on a multi-socket one enable NUMA in the "
+             "BIOS (and check that the kernel sees an ACPI SRAT)"));
+  for (const GpuDevice& gpu : gpus) {
+    std::vector<std::string> below;
+    std::vector<std::string> remedies;
+    if (gpu.link_width > 0 && gpu.max_link_width > 0 && gpu.link_width < gpu.max_link_width) {
+      below.push_back("x" + std::to_string(gpu.link_width) + " of x" +
+                      std::to_string(gpu.max_link_width));
+      remedies.push_back(
+          "an x8 slot, a riser or a lane-sharing BIOS setting cuts its host bandwidth: "
+          "move it to a full-width slot, or check the slot's bifurcation setting");
+    }
+    auto speed = link_speed_gts(gpu.link_speed), max_speed = link_speed_gts(gpu.max_link_speed);
+    if (speed && max_speed && *speed < *max_speed) {
+      below.push_back(short_speed(gpu.link_speed) + " of " + short_speed(gpu.max_link_speed));
+      remedies.push_back(
+          "an idle GPU lowers its link speed to save power: recheck under load "
+          "(nvidia-smi -q -d PCIE); if it stays low, the slot, a riser or the BIOS's "
+          "PCIe generation setting limits it");
+    }
+    if (!below.empty())
+      results.push_back(
+          warn(name, "GPU " + gpu.bus_id + " runs at " + join(below, ", "), join(remedies, "; ")));
+  }
+  return results;
+}
+
+CheckResult check_memlock(const DoctorInputs& inputs) {
+  if (!inputs.memlock_bytes) return ok("memlock", "locked memory is unlimited (what RDMA needs)");
+  const bool infiniband = has_infiniband(inputs.sysfs_root);
+  return warn(
+      "memlock",
+      "locked memory is limited to " + format_bytes(*inputs.memlock_bytes) + " (ulimit -l " +
+          std::to_string(*inputs.memlock_bytes / 1024) +
+          "): InfiniBand/RDMA pins memory, and NCCL over IB fails or falls back to sockets" +
+          (infiniband ? "" : " (no InfiniBand adapter here yet)"),
+      "ulimit -l unlimited before starting mcprun; systemd: LimitMEMLOCK=infinity; docker: "
+      "--ulimit memlock=-1; /etc/security/limits.conf: '* - memlock unlimited'");
+}
+
+CheckResult check_hostname(const DoctorInputs& inputs, DoctorProbes& probes) {
+  if (inputs.hostname.empty())
+    return warn("hostname", "this node has no hostname", "set one (hostnamectl set-hostname NAME)");
+  const std::string shown = "hostname '" + inputs.hostname + "'";
+  auto resolved = probes.resolve(inputs.hostname);
+  if (auto* error = std::get_if<std::string>(&resolved))
+    return warn("hostname",
+                shown + " does not resolve (" + *error +
+                    "): tools that pass it to other nodes (torchrun, for one) fail",
+                "add it to /etc/hosts with this node's address, or fix DNS");
+  const auto& addresses = std::get<std::vector<std::string>>(resolved);
+  if (addresses.empty())
+    return warn("hostname", shown + " resolves to no address",
+                "add it to /etc/hosts with this node's address");
+  if (is_loopback(addresses.front()))
+    return warn("hostname",
+                shown + " resolves to " + addresses.front() +
+                    " (loopback): other nodes told to connect to it would reach themselves",
+                "map it to this node's real address in /etc/hosts (Debian writes 127.0.1.1 there); "
+                "mcprun never uses the hostname as MASTER_ADDR, but torchrun and other tools do");
+  return ok("hostname", shown + " resolves to " + join(addresses, ", "));
+}
+
+std::vector<CheckResult> check_clock(const DoctorInputs& inputs, DoctorProbes& probes) {
+  const std::string name = "clock";
+  if (inputs.rdzv_endpoint.empty()) return {};
+  auto parsed = parse_peer_endpoint(inputs.rdzv_endpoint);
+  if (std::holds_alternative<std::string>(parsed)) return {};  // The endpoint check says why.
+  const PeerEndpoint& endpoint = std::get<PeerEndpoint>(parsed);
+  auto reading = probes.read_clock(endpoint);
+  if (auto* error = std::get_if<std::string>(&reading)) {
+    bool local = !endpoint.unix_path.empty();
+    if (!local) {
+      const FirstAddress address = first_address(endpoint.host, probes);
+      local = address.error.empty() && is_local(address.address, probes);
+    }
+    // The rendezvous on this host shares this clock: there is nothing to compare.
+    if (local)
+      return {ok(name, "not measured (" + *error +
+                           "); the rendezvous is on this host, so its clock is this one")};
+    return {warn(name, "not measured: " + *error,
+                 "make the rendezvous endpoint answer (see rdzv-endpoint)")};
+  }
+  const ClockReading& clock = std::get<ClockReading>(reading);
+  // Judged at the near edge of the uncertainty: only a skew that is surely too large counts.
+  const auto surely = std::chrono::abs(clock.skew) - clock.rtt / 2;
+  const std::string finding = "this node's clock is " + describe_skew(clock.skew) +
+                              " the rendezvous's (+- " + describe_duration(clock.rtt / 2) +
+                              ", half the round trip)";
+  const std::string remedy =
+      "synchronise the clocks: chrony or systemd-timesyncd on every node (timedatectl shows "
+      "'System clock synchronized: yes')";
+  if (surely > kClockFailAbove)
+    return {fail(name,
+                 finding + ": above " + seconds_text(kClockFailAbove) +
+                     " s, the clocks are not synchronised at all",
+                 remedy)};
+  if (surely > kClockWarnAbove)
+    return {warn(name,
+                 finding + ": above " + seconds_text(kClockWarnAbove) +
+                     " s, the nodes' logs and failure reports no longer line up",
+                 remedy)};
+  return {ok(name, finding)};
+}
+
+std::vector<CheckResult> check_nccl(const DoctorInputs& inputs, DoctorProbes& probes) {
+  const std::string name = "nccl";
+  if (inputs.python.empty()) return {};
+  auto probed = probes.torch_nccl(inputs.python, inputs.env);
+  if (auto* error = std::get_if<std::string>(&probed))
+    return {warn(name, "cannot ask " + inputs.python + " for torch's NCCL: " + *error,
+                 "set PYTHON_EXEC to the interpreter the workers run (a venv's python), or "
+                 "pass --no-torch to skip this check")};
+  const TorchNccl& torch = std::get<TorchNccl>(probed);
+  const std::string build = "torch " + torch.torch_version;
+  if (torch.cuda_version.empty()) return {ok(name, build + " is a CPU build: no NCCL (gloo only)")};
+  const std::string from = torch.libraries.empty() ? " (linked into torch)" : " from " + join(torch.libraries, ", ");
+  if (!torch.load_error.empty() || torch.loaded.empty())
+    return {warn(name, build + " (CUDA " + torch.cuda_version + ") cannot report its NCCL: " + torch.load_error,
+                 "NCCL fails to load: check that libnccl.so.2 is found (ldd on torch's libtorch_cuda.so)")};
+  if (torch.libraries.size() > 1)
+    return {warn(name, build + " has " + std::to_string(torch.libraries.size()) + " NCCL libraries mapped" + from,
+                 "two NCCLs in one process (LD_PRELOAD, or a system copy beside torch's): keep only torch's")};
+  if (!torch.shipped.empty() && torch.shipped != torch.loaded)
+    return {warn(name, build + " ships with NCCL " + torch.shipped + " but runs NCCL " + torch.loaded + from,
+                 "a different NCCL (LD_LIBRARY_PATH or LD_PRELOAD) is a known cause of silent hangs: drop "
+                 "it from those variables, or run the same NCCL on every node on purpose")};
+  return {ok(name, build + " (CUDA " + torch.cuda_version + ") runs NCCL " + torch.loaded + from +
+                       (torch.shipped.empty() ? "" : ", the version it ships with"))};
+}
+
+std::vector<CheckResult> run_checks(const DoctorInputs& inputs, DoctorProbes& probes) {
+  std::vector<CheckResult> results;
+  auto append = [&](std::vector<CheckResult> more) {
+    for (CheckResult& result : more) results.push_back(std::move(result));
+  };
+  results.push_back(check_shm(inputs, probes));
+  results.push_back(check_interface(inputs, probes));
+  append(check_master_port(inputs, probes));
+  append(check_rdzv_endpoint(inputs, probes));
+  append(check_environment(inputs, probes));
+  append(check_gpus(inputs));
+  results.push_back(check_memlock(inputs));
+  results.push_back(check_hostname(inputs, probes));
+  append(check_clock(inputs, probes));
+  append(check_nccl(inputs, probes));
+  return results;
+}
+
+int doctor_exit_code(const std::vector<CheckResult>& results) {
+  return std::any_of(results.begin(), results.end(),
+                     [](const CheckResult& r) { return r.status == CheckStatus::kFail; })
+             ? kExitFailure
+             : kExitSuccess;
+}
+
+namespace {
+
+struct StatusCounts {
+  int ok = 0, warn = 0, fail = 0;
+};
+
+StatusCounts count(const std::vector<CheckResult>& results) {
+  StatusCounts counts;
+  for (const CheckResult& result : results) {
+    if (result.status == CheckStatus::kOk)
+      ++counts.ok;
+    else if (result.status == CheckStatus::kWarn)
+      ++counts.warn;
+    else
+      ++counts.fail;
+  }
+  return counts;
+}
+
+}  // namespace
+
+std::string format_doctor_text(const std::vector<CheckResult>& results, bool colour) {
+  auto paint = [&](CheckStatus status) {
+    const char* code = status == CheckStatus::kOk     ? "32"
+                       : status == CheckStatus::kWarn ? "33"
+                                                      : "31";
+    std::string padded = status_name(status);
+    padded.resize(4, ' ');
+    return colour ? std::string("\x1b[") + code + "m" + padded + "\x1b[0m" : padded;
+  };
+  std::string text;
+  for (const CheckResult& result : results) {
+    text += paint(result.status) + "  " + result.name + ": " + result.finding + "\n";
+    if (result.status != CheckStatus::kOk && !result.remedy.empty())
+      text += "      " + result.remedy + "\n";
+  }
+  const StatusCounts counts = count(results);
+  text += "mcprun doctor: " + std::to_string(counts.ok) + " OK, " + std::to_string(counts.warn) +
+          " WARN, " + std::to_string(counts.fail) + " FAIL\n";
+  return text;
+}
+
+std::string format_doctor_json(const std::vector<CheckResult>& results) {
+  // Ordered: a reader sees check, status, finding, remedy in that order.
+  nlohmann::ordered_json checks = nlohmann::ordered_json::array();
+  for (const CheckResult& result : results)
+    checks.push_back({{"check", result.name},
+                      {"status", status_name(result.status)},
+                      {"finding", result.finding},
+                      {"remedy", result.remedy}});
+  const StatusCounts counts = count(results);
+  nlohmann::ordered_json report = {{"checks", checks},
+                                   {"summary",
+                                    {{"ok", counts.ok},
+                                     {"warn", counts.warn},
+                                     {"fail", counts.fail},
+                                     {"exit_code", doctor_exit_code(results)}}}};
+  return report.dump(2) + "\n";
+}
+
+// --- The real system ----------------------------------------------------------------------------
+
+namespace {
+
+/// A socket address for a numeric IPv4/IPv6 `address` and `port`; nullopt if it is not numeric.
+std::optional<std::pair<sockaddr_storage, socklen_t>> numeric_sockaddr(const std::string& address,
+                                                                       int port) {
+  sockaddr_storage storage{};
+  auto* v4 = reinterpret_cast<sockaddr_in*>(&storage);
+  if (::inet_pton(AF_INET, address.c_str(), &v4->sin_addr) == 1) {
+    v4->sin_family = AF_INET;
+    v4->sin_port = htons(static_cast<uint16_t>(port));
+    return std::pair(storage, static_cast<socklen_t>(sizeof(sockaddr_in)));
+  }
+  storage = {};
+  auto* v6 = reinterpret_cast<sockaddr_in6*>(&storage);
+  if (::inet_pton(AF_INET6, address.c_str(), &v6->sin6_addr) == 1) {
+    v6->sin6_family = AF_INET6;
+    v6->sin6_port = htons(static_cast<uint16_t>(port));
+    return std::pair(storage, static_cast<socklen_t>(sizeof(sockaddr_in6)));
+  }
+  return std::nullopt;
+}
+
+std::string address_text(const sockaddr_storage& storage) {
+  char text[INET6_ADDRSTRLEN] = {};
+  if (storage.ss_family == AF_INET)
+    ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(&storage)->sin_addr, text,
+                sizeof text);
+  else if (storage.ss_family == AF_INET6)
+    ::inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(&storage)->sin6_addr, text,
+                sizeof text);
+  return text;
+}
+
+/// A connected socket to `endpoint`, or how the attempt ended; waits at most `limit`.
+std::variant<UniqueFd, ConnectResult> open_connection(DoctorProbes& probes,
+                                                      const PeerEndpoint& endpoint,
+                                                      std::chrono::milliseconds limit) {
+  using Outcome = ConnectResult::Outcome;
+  sockaddr_storage storage{};
+  socklen_t length = 0;
+  if (!endpoint.unix_path.empty()) {
+    auto* address = reinterpret_cast<sockaddr_un*>(&storage);
+    if (endpoint.unix_path.size() >= sizeof address->sun_path)
+      return ConnectResult{Outcome::kUnreachable, "socket path too long"};
+    address->sun_family = AF_UNIX;
+    std::memcpy(address->sun_path, endpoint.unix_path.c_str(), endpoint.unix_path.size() + 1);
+    length = sizeof(sockaddr_un);
+  } else {
+    std::string host = endpoint.host;
+    if (!numeric_sockaddr(host, endpoint.port)) {
+      auto resolved = probes.resolve(host);
+      if (auto* error = std::get_if<std::string>(&resolved))
+        return ConnectResult{Outcome::kUnreachable, *error};
+      auto& addresses = std::get<std::vector<std::string>>(resolved);
+      if (addresses.empty()) return ConnectResult{Outcome::kUnreachable, host + " has no address"};
+      host = addresses.front();
+    }
+    auto numeric = numeric_sockaddr(host, endpoint.port);
+    if (!numeric) return ConnectResult{Outcome::kUnreachable, "not an address: " + host};
+    std::tie(storage, length) = *numeric;
+  }
+  UniqueFd fd(::socket(storage.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!fd.valid())
+    return ConnectResult{Outcome::kUnreachable, std::string("socket: ") + std::strerror(errno)};
+  int error = 0;
+  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&storage), length) != 0) {
+    error = errno;
+    if (error == EINPROGRESS) {
+      pollfd waiting{fd.get(), POLLOUT, 0};
+      int ready = 0;
+      do {
+        ready = ::poll(&waiting, 1, static_cast<int>(limit.count()));
+      } while (ready < 0 && errno == EINTR);
+      if (ready == 0) return ConnectResult{Outcome::kTimedOut, ""};
+      socklen_t size = sizeof error;
+      if (ready < 0 || ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &error, &size) != 0)
+        error = errno;
+    }
+  }
+  if (error == 0) {
+    // Back to blocking: the clock exchange polls with its own deadline.
+    ::fcntl(fd.get(), F_SETFL, ::fcntl(fd.get(), F_GETFL) & ~O_NONBLOCK);
+    return fd;
+  }
+  // A missing unix socket is "nothing listens there", as a refused TCP port is.
+  if (error == ECONNREFUSED || (!endpoint.unix_path.empty() && error == ENOENT))
+    return ConnectResult{Outcome::kRefused, std::strerror(error)};
+  if (error == ETIMEDOUT) return ConnectResult{Outcome::kTimedOut, ""};
+  return ConnectResult{Outcome::kUnreachable, std::strerror(error)};
+}
+
+/// Reads one frame from `fd` by `deadline`; an error line otherwise.
+std::variant<nlohmann::json, std::string> read_frame(
+    int fd, std::chrono::steady_clock::time_point deadline) {
+  std::string buffer;
+  char chunk[4096];
+  for (;;) {
+    FrameResult frame = decode_frame(buffer);
+    if (auto* done = std::get_if<Frame>(&frame)) return std::move(done->message);
+    if (auto* error = std::get_if<FrameError>(&frame))
+      return "what answers there is not a rendezvousd (" + error->message + ")";
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return "no reply within " + seconds_text(kClockReplyTimeout) + " s";
+    pollfd waiting{fd, POLLIN, 0};
+    const int ready = ::poll(&waiting, 1, static_cast<int>(left.count()));
+    if (ready < 0 && errno != EINTR) return std::string("poll: ") + std::strerror(errno);
+    if (ready <= 0) continue;  // Interrupted or timed out: the deadline check above decides.
+    const ssize_t n = ::recv(fd, chunk, sizeof chunk, 0);
+    if (n == 0) return std::string("the connection closed without a reply");
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return std::string("recv: ") + std::strerror(errno);
+    }
+    buffer.append(chunk, static_cast<size_t>(n));
+  }
+}
+
+int64_t unix_now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+std::variant<FilesystemSpace, std::string> SystemDoctorProbes::filesystem_space(
+    const fs::path& path) {
+  struct statvfs stats {};
+  if (::statvfs(path.c_str(), &stats) != 0)
+    return "statvfs(" + path.string() + "): " + std::strerror(errno);
+  return FilesystemSpace{static_cast<uint64_t>(stats.f_blocks) * stats.f_frsize,
+                         static_cast<uint64_t>(stats.f_bavail) * stats.f_frsize};
+}
+
+std::variant<std::vector<std::string>, std::string> SystemDoctorProbes::resolve(
+    const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int error = ::getaddrinfo(host.c_str(), nullptr, &hints, &found);
+  if (error != 0) return std::string(::gai_strerror(error));
+  std::vector<std::string> v4, v6;
+  for (addrinfo* entry = found; entry; entry = entry->ai_next) {
+    sockaddr_storage storage{};
+    std::memcpy(&storage, entry->ai_addr, std::min<size_t>(entry->ai_addrlen, sizeof storage));
+    auto& list = entry->ai_family == AF_INET ? v4 : v6;
+    const std::string text = address_text(storage);
+    if (!text.empty() && std::find(list.begin(), list.end(), text) == list.end())
+      list.push_back(text);
+  }
+  ::freeaddrinfo(found);
+  // mcprun's store listens on IPv4: that is the address peers use when there is one.
+  v4.insert(v4.end(), v6.begin(), v6.end());
+  return v4;
+}
+
+std::optional<std::string> SystemDoctorProbes::source_address(const std::string& address) {
+  // Any port does: a UDP connect only picks the route and sends nothing.
+  constexpr int kProbePort = 9;
+  auto target = numeric_sockaddr(address, kProbePort);
+  if (!target) return std::nullopt;
+  UniqueFd fd(::socket(target->first.ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  if (!fd.valid() ||
+      ::connect(fd.get(), reinterpret_cast<sockaddr*>(&target->first), target->second) != 0)
+    return std::nullopt;
+  sockaddr_storage local{};
+  socklen_t length = sizeof local;
+  if (::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&local), &length) != 0)
+    return std::nullopt;
+  return address_text(local);
+}
+
+std::optional<std::string> SystemDoctorProbes::interface_of(const std::string& local_address) {
+  return interface_for_address(local_address);
+}
+
+std::vector<std::string> SystemDoctorProbes::interface_names() {
+  std::vector<std::string> names;
+  if (struct if_nameindex* list = ::if_nameindex()) {
+    for (struct if_nameindex* entry = list; entry->if_index != 0; ++entry)
+      names.emplace_back(entry->if_name);
+    ::if_freenameindex(list);
+  }
+  return names;
+}
+
+int SystemDoctorProbes::bind_error(int port) {
+  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return errno;
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_ANY);
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  // No SO_REUSEADDR: any socket bound to the port, listening or reserved, makes this fail.
+  return ::bind(fd.get(), reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 ? 0 : errno;
+}
+
+std::optional<std::string> SystemDoctorProbes::listener_on(int port) {
+  constexpr const char* kListenState = "0A";
+  std::set<std::string> inodes;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // The header.
+    while (std::getline(in, line)) {
+      std::istringstream fields(line);
+      std::string slot, local, remote, state, queues, timer, retransmits, uid, timeout, inode;
+      fields >> slot >> local >> remote >> state >> queues >> timer >> retransmits >> uid >>
+          timeout >> inode;
+      const auto colon = local.rfind(':');
+      if (state != kListenState || colon == std::string::npos) continue;
+      long local_port = 0;
+      auto [end, ec] =
+          std::from_chars(local.data() + colon + 1, local.data() + local.size(), local_port, 16);
+      if (ec == std::errc() && local_port == port) inodes.insert("socket:[" + inode + "]");
+    }
+  }
+  if (inodes.empty()) return std::nullopt;
+  std::error_code ec;
+  for (fs::directory_iterator proc("/proc", ec), end; !ec && proc != end; proc.increment(ec)) {
+    const std::string pid = proc->path().filename().string();
+    if (!parse_long(pid)) continue;
+    std::error_code fd_ec;
+    for (fs::directory_iterator fd(proc->path() / "fd", fd_ec), fd_end; !fd_ec && fd != fd_end;
+         fd.increment(fd_ec)) {
+      std::error_code link_ec;
+      const std::string target = fs::read_symlink(fd->path(), link_ec).string();
+      if (link_ec || !inodes.contains(target)) continue;
+      std::string comm;
+      std::getline(std::ifstream(proc->path() / "comm"), comm);
+      return "pid " + pid + " (" + comm + ")";
+    }
+  }
+  return std::string();
+}
+
+ConnectResult SystemDoctorProbes::connect(const PeerEndpoint& endpoint,
+                                          std::chrono::milliseconds limit) {
+  auto connection = open_connection(*this, endpoint, limit);
+  if (auto* result = std::get_if<ConnectResult>(&connection)) return *result;
+  return ConnectResult{ConnectResult::Outcome::kConnected, ""};
+}
+
+std::variant<ClockReading, std::string> SystemDoctorProbes::read_clock(
+    const PeerEndpoint& endpoint) {
+  const std::string request = encode_frame({{"type", "clock"}});
+  std::optional<ClockReading> best;
+  // One connection per sample: the daemon answers a connection that has not joined once.
+  for (int sample = 0; sample < kClockSamples; ++sample) {
+    auto connection = open_connection(*this, endpoint, kDoctorConnectTimeout);
+    if (auto* result = std::get_if<ConnectResult>(&connection)) {
+      switch (result->outcome) {
+        case ConnectResult::Outcome::kRefused:
+          return "nothing listens at " + endpoint.text();
+        case ConnectResult::Outcome::kTimedOut:
+          return endpoint.text() + " did not answer";
+        default:
+          return "cannot reach " + endpoint.text() + ": " + result->error;
+      }
+    }
+    const UniqueFd fd = std::move(std::get<UniqueFd>(connection));
+    // Timed from the request, not the connect: the handshake is not part of the exchange.
+    const auto sent = std::chrono::steady_clock::now();
+    const int64_t sent_unix_ns = unix_now_ns();
+    if (::send(fd.get(), request.data(), request.size(), MSG_NOSIGNAL) !=
+        static_cast<ssize_t>(request.size()))
+      return std::string("send: ") + std::strerror(errno);
+    auto reply = read_frame(fd.get(), sent + kClockReplyTimeout);
+    const auto rtt = std::chrono::steady_clock::now() - sent;
+    if (auto* error = std::get_if<std::string>(&reply)) return *error;
+    const nlohmann::json& message = std::get<nlohmann::json>(reply);
+    const std::string type = message_type(message);
+    if (type == "error") {
+      auto refused = parse_text(message);
+      const auto* text = std::get_if<TextMessage>(&refused);
+      return "the rendezvous refused 'clock': " + (text ? text->message : std::string("?")) +
+             " (a rendezvousd older than this mcprun?)";
+    }
+    auto remote = message.find("unix_time_ns");
+    if (type != "clock" || remote == message.end() || !remote->is_number_integer())
+      return "the rendezvous answered 'clock' with " + type;
+    // The daemon read its clock, at best guess, halfway through the round trip.
+    const int64_t midpoint_ns =
+        sent_unix_ns + std::chrono::duration_cast<std::chrono::nanoseconds>(rtt).count() / 2;
+    ClockReading reading{std::chrono::nanoseconds(remote->get<int64_t>() - midpoint_ns),
+                         std::chrono::duration_cast<std::chrono::nanoseconds>(rtt)};
+    if (!best || reading.rtt < best->rtt) best = reading;
+  }
+  return *best;
+}
+
+namespace {
+
+/// Asks torch, in the workers' interpreter, which NCCL it runs and which it ships with.
+constexpr const char* kTorchNcclScript = R"PY(
+import json
+try:
+    import torch
+except Exception as error:
+    print(json.dumps({"error": "cannot import torch: %s" % error}))
+    raise SystemExit
+found = {"torch": torch.__version__, "cuda": torch.version.cuda or ""}
+if found["cuda"]:
+    try:
+        code = torch.cuda.nccl.version()
+        if isinstance(code, int):  # torch 1.x: 2708 is 2.7.8, 21805 is 2.18.5
+            code = (code // 10000, code // 100 % 100, code % 100) if code >= 10000 else (code // 1000, code // 100 % 10, code % 100)
+        found["loaded"] = ".".join(str(part) for part in code[:3])
+    except Exception as error:
+        found["load_error"] = str(error)
+    with open("/proc/self/maps") as maps:
+        found["libraries"] = sorted({line.split()[-1] for line in maps if "libnccl" in line})
+    from importlib import metadata
+    for package in ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11"):
+        try:
+            found["shipped"] = metadata.version(package)
+            break
+        except Exception:
+            pass
+print(json.dumps(found))
+)PY";
+
+}  // namespace
+
+std::variant<TorchNccl, std::string> SystemDoctorProbes::torch_nccl(const std::string& python,
+                                                                     const Environment& env) {
+  auto resolved = find_executable(python, search_path_of(env));
+  if (!resolved) return python + " not found";
+  int pipe_fds[2];
+  if (::pipe2(pipe_fds, O_CLOEXEC) != 0) return std::string("pipe: ") + std::strerror(errno);
+  UniqueFd read_end(pipe_fds[0]), write_end(pipe_fds[1]);
+  UniqueFd quiet(::open("/dev/null", O_WRONLY | O_CLOEXEC));  // torch's warnings are not ours.
+  PosixProcessControl control;
+  std::string error;
+  auto pid = control.spawn({{*resolved, "-c", kTorchNcclScript}, merge_environment(env, {}), {},
+                            write_end.get(), quiet.get()},
+                           &error);
+  write_end.reset();
+  if (!pid) return error;
+  std::string output;
+  const auto deadline = std::chrono::steady_clock::now() + kTorchProbeTimeout;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    pollfd readable{read_end.get(), POLLIN, 0};
+    if (left.count() <= 0 || ::poll(&readable, 1, static_cast<int>(left.count())) == 0) {
+      control.signal_group(*pid, SIGKILL);
+      error = "no answer within " + std::to_string(kTorchProbeTimeout.count()) + " s";
+      break;
+    }
+    char chunk[4096];
+    const ssize_t n = ::read(read_end.get(), chunk, sizeof chunk);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    output.append(chunk, static_cast<size_t>(n));
+  }
+  // It exits right after closing its stdout; one that lingers is killed.
+  const auto exit_deadline = std::chrono::steady_clock::now() + kTorchProbeExitTimeout;
+  for (bool killed = false; !control.reap_one(*pid); ::usleep(1000)) {
+    if (!killed && std::chrono::steady_clock::now() > exit_deadline) {
+      control.signal_group(*pid, SIGKILL);
+      killed = true;
+    }
+  }
+  if (!error.empty()) return error;
+  try {
+    const auto found = nlohmann::json::parse(output);
+    if (found.contains("error")) return found["error"].get<std::string>();
+    return TorchNccl{found.at("torch"), found.at("cuda"), found.value("loaded", ""),
+                     found.value("load_error", ""),
+                     found.value("libraries", std::vector<std::string>{}), found.value("shipped", "")};
+  } catch (const nlohmann::json::exception&) {
+    return resolved->c_str() + std::string(" printed no answer (") +
+           (output.empty() ? "nothing" : output.substr(0, 200)) + ")";
+  }
+}
+
+// --- The command --------------------------------------------------------------------------------
+
+int run_doctor(const std::vector<std::string>& args) {
+  CLI::App app{doctor_description(), "mcprun doctor"};
+  bool json = false, no_torch = false;
+  std::string master_addr, rdzv_endpoint, shm = "/dev/shm";
+  std::optional<int> master_port;
+  app.add_flag("--json", json, "Print the checks as JSON instead of lines");
+  app.add_option("--master-addr", master_addr,
+                 "The master's address to check the route to (default: $MASTER_ADDR)");
+  app.add_option("--master-port", master_port, "MASTER_PORT to check (default: $MASTER_PORT)")
+      ->check(CLI::Range(1, 65535));
+  app.add_option("--rdzv-endpoint", rdzv_endpoint,
+                 "HOST:PORT or unix:PATH of the rendezvous: reachability and clock skew");
+  app.add_option("--shm", shm, "The shared-memory filesystem NCCL uses")->capture_default_str();
+  app.add_flag("--no-torch", no_torch,
+               "Skip the NCCL check, which imports torch in the workers' python ($PYTHON_EXEC, "
+               "else python3)");
+  if (auto done = parse_subcommand(app, args)) return *done;
+  if (!rdzv_endpoint.empty()) {
+    auto parsed = parse_peer_endpoint(rdzv_endpoint);
+    if (auto* error = std::get_if<std::string>(&parsed))
+      return usage_error("--rdzv-endpoint " + *error);
+  }
+
+  DoctorInputs inputs;
+  inputs.env = current_environment();
+  inputs.sysfs_root = sysfs_root();
+  inputs.shm_path = shm;
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) == 0) inputs.hostname = host;
+  auto from_env = [&](const char* name) {
+    auto it = inputs.env.find(name);
+    return it == inputs.env.end() ? std::string() : it->second;
+  };
+  inputs.master_addr = master_addr.empty() ? from_env("MASTER_ADDR") : master_addr;
+  inputs.master_port = master_port ? std::to_string(*master_port) : from_env("MASTER_PORT");
+  inputs.rdzv_endpoint = rdzv_endpoint;
+  rlimit memlock{};
+  if (::getrlimit(RLIMIT_MEMLOCK, &memlock) == 0 && memlock.rlim_cur != RLIM_INFINITY)
+    inputs.memlock_bytes = static_cast<uint64_t>(memlock.rlim_cur);
+  if (!no_torch) inputs.python = worker_python(inputs.env);
+
+  SystemDoctorProbes probes;
+  const std::vector<CheckResult> results = run_checks(inputs, probes);
+  if (json) {
+    std::fputs(format_doctor_json(results).c_str(), stdout);
+  } else {
+    const char* term = std::getenv("TERM");
+    const bool colour = ::isatty(STDOUT_FILENO) && !std::getenv("NO_COLOR") &&
+                        !(term && std::string_view(term) == "dumb");
+    std::fputs(format_doctor_text(results, colour).c_str(), stdout);
+  }
+  return doctor_exit_code(results);
+}
+
+}  // namespace mcprun

@@ -1,0 +1,177 @@
+#include "launcher/commands/operator_command.hpp"
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/generic/stream_protocol.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/write.hpp>
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <iostream>
+#include <optional>
+
+#include "common/event_loop.hpp"
+#include "common/exit_status.hpp"
+#include "launcher/config/subcommand.hpp"
+#include "common/messages.hpp"
+#include "common/protocol.hpp"
+
+namespace mcprun {
+namespace {
+
+namespace asio = boost::asio;
+
+/// How long the daemon may take to answer an operator request.
+constexpr std::chrono::seconds kOperatorRequestTimeout{10};
+
+/// Sends one request and reads the one reply; nullopt and a one-line `error` otherwise.
+std::optional<nlohmann::json> exchange(const std::string& endpoint, const nlohmann::json& request,
+                                       std::string* error) {
+  auto fail = [&](std::string message) -> std::optional<nlohmann::json> {
+    *error = std::move(message);
+    return std::nullopt;
+  };
+  asio::io_context io;
+  asio::generic::stream_protocol::socket socket(io);
+  boost::system::error_code ec;
+  if (endpoint.rfind("unix:", 0) == 0) {
+    asio::local::stream_protocol::socket local(io);
+    local.connect(asio::local::stream_protocol::endpoint(endpoint.substr(5)), ec);
+    if (ec) return fail("cannot reach rendezvousd at " + endpoint + ": " + ec.message());
+    socket = asio::generic::stream_protocol::socket(std::move(local));
+  } else {
+    const auto colon = endpoint.rfind(':');
+    if (colon == std::string::npos) return fail("--rdzv-endpoint " + endpoint + ": expected HOST:PORT or unix:PATH");
+    asio::ip::tcp::resolver resolver(io);
+    auto addresses = resolver.resolve(endpoint.substr(0, colon), endpoint.substr(colon + 1), ec);
+    asio::ip::tcp::socket tcp(io);
+    if (!ec) asio::connect(tcp, addresses, ec);
+    if (ec) return fail("cannot reach rendezvousd at " + endpoint + ": " + ec.message());
+    socket = asio::generic::stream_protocol::socket(std::move(tcp));
+  }
+  asio::write(socket, asio::buffer(encode_frame(request)), ec);
+  if (ec) return fail("rendezvousd at " + endpoint + ": " + ec.message());
+
+  std::string buffer;
+  std::array<char, 4096> chunk;
+  std::optional<nlohmann::json> result;
+  bool ended = false;
+  std::function<void()> read_more = [&] {
+    socket.async_read_some(asio::buffer(chunk), [&](boost::system::error_code read_ec, size_t n) {
+      if (read_ec) {
+        ended = true;
+        *error = "rendezvousd at " + endpoint + " closed the connection without an answer";
+        return;
+      }
+      buffer.append(chunk.data(), n);
+      FrameResult frame = decode_frame(buffer);
+      if (auto* whole = std::get_if<Frame>(&frame)) {
+        result = whole->message;
+      } else if (auto* bad = std::get_if<FrameError>(&frame)) {
+        ended = true;
+        *error = "rendezvousd sent a bad frame: " + bad->message;
+      } else {
+        read_more();
+      }
+    });
+  };
+  read_more();
+  if (!run_until(io, [&] { return result.has_value() || ended; }, kOperatorRequestTimeout))
+    return fail(fmt::format("rendezvousd at {} did not answer within {} s", endpoint,
+                            kOperatorRequestTimeout.count()));
+  return result;
+}
+
+std::string format_age(double seconds) {
+  if (seconds < 120) return fmt::format("{:.0f}s", seconds);
+  if (seconds < 7200) return fmt::format("{:.0f}m", seconds / 60);
+  return fmt::format("{:.1f}h", seconds / 3600);
+}
+
+void print_jobs(const std::vector<JobSummary>& jobs) {
+  std::cout << fmt::format("{:<24} {:<24} {:>5} {:>5} {:<9} {:>6}\n", "ID", "OWNER", "NODES",
+                           "RANKS", "STATE", "AGE");
+  for (const JobSummary& job : jobs)
+    std::cout << fmt::format("{:<24} {:<24} {:>5} {:>5} {:<9} {:>6}\n", job.id, job.owner, job.nodes,
+                             job.ranks, job.state, format_age(job.age_s));
+}
+
+void print_status(const JobStatus& status) {
+  const JobSummary& job = status.summary;
+  std::cout << fmt::format("job {}: {}, owner {}, {} node(s) ({}..{}), {} rank(s), age {}\n", job.id,
+                           job.state, job.owner, job.nodes, status.min_nodes, status.max_nodes,
+                           job.ranks, format_age(job.age_s));
+  if (!status.master.empty()) std::cout << "  master " << status.master << "\n";
+  for (const JobPlacementLine& node : status.placement)
+    std::cout << fmt::format("  node rank {}: {} ({}), ranks {}\n", node.group_rank, node.node,
+                             node.addr, node.ranks);
+  for (const JobMember& member : status.members)
+    if (!member.connected) std::cout << "  " << member.node << ": disconnected\n";
+}
+
+}  // namespace
+
+int run_operator_command(const std::vector<std::string>& args) {
+  const std::string command = args.front();
+  CLI::App app{command == "jobs"     ? "mcprun jobs: the jobs rendezvousd serves that you may see"
+               : command == "status" ? "mcprun status ID: one job's state, nodes and placement"
+                                     : "mcprun stop ID: stop a job on every node (its workers get SIGTERM)",
+               "mcprun " + command};
+  std::string endpoint = kDefaultDaemonEndpoint, token_file, job;
+  bool json = false;
+  app.add_option("--rdzv-endpoint", endpoint, "rendezvousd to ask: unix:PATH or HOST:PORT")
+      ->capture_default_str();
+  app.add_option("--rdzv-token-file", token_file, "The daemon's token, needed over TCP");
+  if (command != "jobs") app.add_option("id", job, "The job's --rdzv-id")->required();
+  if (command != "stop") app.add_flag("--json", json, "Print the daemon's answer as JSON");
+  if (auto done = parse_subcommand(app, {args.begin() + 1, args.end()})) return *done;
+  nlohmann::json request{{"type", command}};
+  if (!job.empty()) request["job"] = job;
+  if (!token_file.empty()) {
+    auto token = read_token_file(token_file);
+    if (!token) {
+      return usage_error("--rdzv-token-file " + token_file + ": cannot read a token");
+    }
+    request["token"] = *token;
+  }
+  std::string error;
+  auto answer = exchange(endpoint, request, &error);
+  if (!answer) {
+    std::fprintf(stderr, "mcprun: %s\n", error.c_str());
+    return kExitRendezvous;
+  }
+  const nlohmann::json& reply = *answer;
+  // Each answer is parsed before anything is printed: a malformed one is one line, not a crash.
+  auto malformed = [&](const std::string& reason) {
+    std::fprintf(stderr, "mcprun: rendezvousd at %s sent a malformed %s\n", endpoint.c_str(), reason.c_str());
+    return kExitRendezvous;
+  };
+  const std::string type = message_type(reply);
+  if (type == "error") {
+    auto refused = parse_text(reply);
+    if (auto* error = std::get_if<std::string>(&refused)) return malformed(*error);
+    const std::string& message = std::get<TextMessage>(refused).message;
+    std::fprintf(stderr, "mcprun: %s\n", message.empty() ? "refused" : message.c_str());
+    return kExitFailure;
+  }
+  if (command == "jobs") {
+    auto jobs = parse_jobs_reply(reply);
+    if (auto* error = std::get_if<std::string>(&jobs)) return malformed(*error);
+    if (json) std::cout << reply["jobs"].dump(2) << "\n";
+    else print_jobs(std::get<std::vector<JobSummary>>(jobs));
+  } else if (command == "status") {
+    auto status = parse_status_reply(reply);
+    if (auto* error = std::get_if<std::string>(&status)) return malformed(*error);
+    if (json) std::cout << reply["job"].dump(2) << "\n";
+    else print_status(std::get<JobStatus>(status));
+  } else {
+    std::cout << "stopped job " << job << "\n";
+  }
+  return kExitSuccess;
+}
+
+}  // namespace mcprun

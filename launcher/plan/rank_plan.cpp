@@ -1,0 +1,232 @@
+#include "launcher/plan/rank_plan.hpp"
+#include "common/sys.hpp"
+
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <sstream>
+#include <thread>
+
+namespace mcprun {
+namespace {
+
+std::string join(const std::vector<std::string>& items, const char* separator) {
+  std::string text;
+  for (const auto& item : items) text += (text.empty() ? "" : separator) + item;
+  return text;
+}
+
+std::string format_cpus(const std::vector<int>& cpus) {
+  return cpus.empty() ? "inherited" : format_cpulist(cpus);
+}
+
+std::string describe_gpu(const GpuDevice& gpu) {
+  std::string text = gpu.bus_id + " (index " + std::to_string(gpu.pci_index) + ", numa " +
+                     std::to_string(gpu.numa_node);
+  if (!gpu.switch_id().empty()) text += ", under " + gpu.switch_id();
+  if (!gpu.uuid.empty()) text += ", " + gpu.uuid;
+  return text + ")";
+}
+
+std::string quote_arg(const std::string& arg) {
+  if (!arg.empty() && arg.find_first_of(" \t\n'\"\\$`") == std::string::npos) return arg;
+  std::string quoted = "'";
+  for (char c : arg) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return quoted + "'";
+}
+
+}  // namespace
+
+std::string worker_python(const Environment& env) {
+  auto exec = env.find("PYTHON_EXEC");
+  return exec != env.end() && !exec->second.empty() ? exec->second : "python3";
+}
+
+std::variant<RankPlan, UsageError> build_rank_plan(const LaunchConfig& config,
+                                                   std::vector<GpuDevice> discovered,
+                                                   const Environment& inherited, int master_port) {
+  RankPlan plan;
+  plan.warnings = config.warnings;
+
+  // The user's allowed set: --gpus wins over an inherited CUDA_VISIBLE_DEVICES.
+  std::optional<std::string> allowed = config.gpus;
+  if (!allowed)
+    if (auto it = inherited.find("CUDA_VISIBLE_DEVICES"); it != inherited.end()) allowed = it->second;
+  TopologyOrder order = topology_order(std::move(discovered), allowed);
+  if (!order.error.empty())
+    return UsageError{(config.gpus ? "--gpus: " : "CUDA_VISIBLE_DEVICES: ") + order.error};
+  const int gpu_count = static_cast<int>(order.gpus.size());
+  const int cpu_count = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+
+  int nproc = config.nproc.count;
+  switch (config.nproc.kind) {
+    case NprocSpec::Kind::kCount: break;
+    case NprocSpec::Kind::kCpu: nproc = cpu_count; break;
+    case NprocSpec::Kind::kGpu:
+      if (gpu_count == 0)
+        return UsageError{"--nproc-per-node gpu: no NVIDIA GPU found (use a count, cpu or auto)"};
+      nproc = gpu_count;
+      break;
+    case NprocSpec::Kind::kAuto: nproc = gpu_count > 0 ? gpu_count : cpu_count; break;
+  }
+
+  // `-n cpu` asks for a CPU job; no GPU at all is a CPU job too, and not an error.
+  plan.pinned = !config.no_pin && gpu_count > 0 && config.nproc.kind != NprocSpec::Kind::kCpu;
+  if (plan.pinned && nproc > gpu_count)
+    return UsageError{std::to_string(nproc) + " GPU-pinned ranks but only " +
+                      std::to_string(gpu_count) +
+                      " GPU(s) allowed; lower --nproc-per-node or pass --no-pin to share GPUs"};
+
+  if (!config.module) {
+    if (config.no_python) {
+      if (!find_executable(config.script, search_path_of(inherited)))
+        return UsageError{"executable not found: " + config.script};
+    } else if (!std::filesystem::is_regular_file(config.script)) {
+      return UsageError{"training script not found: " + config.script};
+    }
+  }
+  if (config.no_python) {
+    plan.argv.push_back(config.script);
+  } else {
+    const std::string python = worker_python(inherited);
+    auto resolved = find_executable(python, search_path_of(inherited));
+    if (!resolved) return UsageError{"python interpreter not found: " + python + " (set PYTHON_EXEC)"};
+    plan.argv = {*resolved, "-u"};  // Unbuffered, as torchrun runs it, so output is live.
+    if (config.module) plan.argv.push_back("-m");
+    plan.argv.push_back(config.script);
+  }
+  plan.argv.insert(plan.argv.end(), config.script_args.begin(), config.script_args.end());
+
+  // A static multi-node job knows its place from the flags; a rendezvous moves it later.
+  const int group_rank = config.uses_rendezvous() ? 0 : config.node_rank.value_or(0);
+  const int group_world_size = config.uses_rendezvous() ? 1 : config.max_nodes;
+  plan.job = JobIdentity{config.master_addr, master_port, config.rdzv_id, config.role,
+                         config.max_restarts, nproc, nproc * group_world_size, group_rank,
+                         group_world_size, config.virtual_local_rank,
+                         format_signal_list(config.signals_to_handle)};
+  // Every worker sees the job's GPUs in topology order, so cuda:LOCAL_RANK is the GPU chosen for
+  // that rank and set_device(LOCAL_RANK) works unchanged; GPUs beyond nproc stay hidden.
+  std::vector<std::string> job_gpus;
+  if (plan.pinned)
+    for (int local_rank = 0; local_rank < nproc; ++local_rank)
+      job_gpus.push_back(order.gpus[local_rank].cuda_visible_name());
+  for (int local_rank = 0; local_rank < nproc; ++local_rank) {
+    RankSlot slot;
+    slot.identity.local_rank = local_rank;
+    slot.identity.rank = group_rank * nproc + local_rank;
+    if (plan.pinned) {
+      slot.identity.gpu = order.gpus[local_rank];
+      slot.identity.visible_gpus = config.virtual_local_rank
+                                       ? std::vector<std::string>{job_gpus[local_rank]}
+                                       : job_gpus;
+      if (config.bind == LaunchConfig::CpuBind::kNuma) slot.cpus = order.gpus[local_rank].local_cpus;
+    }
+    plan.slots.push_back(std::move(slot));
+  }
+  if (config.numa_binding && plan.pinned) {
+    const CpuTopology cpus = read_cpu_topology();
+    for (RankSlot& slot : plan.slots) {
+      auto bound = numa_binding_cpus(*config.numa_binding, *slot.identity.gpu, order.gpus, cpus);
+      if (auto* error = std::get_if<std::string>(&bound))
+        return UsageError{"--numa-binding " + std::string(to_string(*config.numa_binding)) +
+                          ": local rank " + std::to_string(slot.identity.local_rank) + ": " + *error};
+      slot.cpus = std::move(std::get<std::vector<int>>(bound));
+    }
+  } else if (config.numa_binding) {
+    plan.warnings.push_back("--numa-binding has no effect without pinned GPUs");
+  }
+  if (config.virtual_local_rank && !plan.pinned)
+    plan.warnings.push_back("--virtual-local-rank sets LOCAL_RANK=0 for every worker of an "
+                            "unpinned job: ranks on one node can no longer tell their GPU apart");
+  if (config.bind == LaunchConfig::CpuBind::kNuma && !plan.pinned)
+    plan.warnings.push_back("--bind numa has no effect without pinned GPUs");
+  if (config.nccl_debug)
+    plan.extra_env.insert({{"NCCL_DEBUG", "INFO"},
+                           {"NCCL_DEBUG_SUBSYS", "INIT,NET"},
+                           {"TORCH_DISTRIBUTED_DEBUG", "DETAIL"}});
+  auto env_warnings = environment_warnings(plan.job, inherited);
+  plan.warnings.insert(plan.warnings.end(), env_warnings.begin(), env_warnings.end());
+  return plan;
+}
+
+std::optional<std::string> interface_for_address(const std::string& local_address) {
+  ifaddrs* list = nullptr;
+  if (local_address.empty() || ::getifaddrs(&list) != 0) return std::nullopt;
+  std::optional<std::string> found;
+  for (ifaddrs* entry = list; entry && !found; entry = entry->ifa_next) {
+    if (!entry->ifa_addr) continue;
+    char text[INET6_ADDRSTRLEN] = {};
+    const int family = entry->ifa_addr->sa_family;
+    if (family == AF_INET)
+      ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(entry->ifa_addr)->sin_addr, text, sizeof text);
+    else if (family == AF_INET6)
+      ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(entry->ifa_addr)->sin6_addr, text, sizeof text);
+    if (local_address == text) found = entry->ifa_name;
+  }
+  ::freeifaddrs(list);
+  return found;
+}
+
+void set_socket_interface(RankPlan& plan, const std::string& interface, const Environment& inherited) {
+  for (const char* name : {"NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"})
+    if (!inherited.contains(name)) plan.extra_env[name] = interface;
+}
+
+void place_in_job(RankPlan& plan, const JobPlacement& placement) {
+  plan.job.group_rank = placement.group_rank;
+  plan.job.group_world_size = placement.group_world_size;
+  plan.job.world_size = placement.world_size;
+  plan.job.master_addr = placement.master_addr;
+  plan.job.master_port = placement.master_port;
+  for (RankSlot& slot : plan.slots)
+    slot.identity.rank = placement.rank_offset + slot.identity.local_rank;
+}
+
+std::string format_rank_plan(const RankPlan& plan, const Environment& inherited) {
+  std::ostringstream out;
+  out << "mcprun plan: " << plan.slots.size() << " worker(s), world size " << plan.job.world_size
+      << ", master " << plan.job.master_addr << ":" << plan.job.master_port << ", run id "
+      << plan.job.run_id << (plan.pinned ? ", GPU-pinned" : ", not pinned") << "\n";
+  for (const RankSlot& slot : plan.slots) {
+    const WorkerIdentity& worker = slot.identity;
+    out << "local rank " << worker.local_rank << " (rank " << worker.rank << ")\n"
+        << "  gpu:  " << (worker.gpu ? describe_gpu(*worker.gpu) : "none") << "\n"
+        << "  cpus: " << format_cpus(slot.cpus) << "\n  env:\n";
+    Environment delta = worker_env_delta(plan.job, worker, 0, "<run dir>/attempt_0/" +
+                                         std::to_string(worker.local_rank) + "/error.json",
+                                         inherited);
+    delta.insert(plan.extra_env.begin(), plan.extra_env.end());
+    for (const auto& [name, value] : delta) out << "    " << name << "=" << value << "\n";
+    std::vector<std::string> quoted;
+    for (const auto& arg : plan.argv) quoted.push_back(quote_arg(arg));
+    out << "  argv: " << join(quoted, " ") << "\n";
+  }
+  return out.str();
+}
+
+std::string format_topology(const std::vector<GpuDevice>& discovered, const TopologyOrder& order) {
+  std::ostringstream out;
+  out << discovered.size() << " NVIDIA GPU(s) under " << sysfs_root().string() << "\n";
+  for (const GpuDevice& gpu : discovered) {
+    out << "  [" << gpu.pci_index << "] " << gpu.bus_id << "  numa " << gpu.numa_node
+        << "  switch " << (gpu.switch_id().empty() ? "-" : gpu.switch_id()) << "  cpus "
+        << format_cpus(gpu.local_cpus);
+    if (gpu.max_link_width > 0)
+      out << "  link x" << gpu.link_width << "/x" << gpu.max_link_width;
+    out << "  uuid " << (gpu.uuid.empty() ? "- (NVML not loaded)" : gpu.uuid) << "\n";
+  }
+  if (!order.error.empty()) out << "allowed set: " << order.error << "\n";
+  out << "rank mapping (NUMA node, then PCIe switch, then bus id):\n";
+  if (order.gpus.empty()) out << "  none: workers run unpinned on CPU\n";
+  std::string visible;
+  for (const GpuDevice& gpu : order.gpus) visible += (visible.empty() ? "" : ",") + gpu.cuda_visible_name();
+  if (!order.gpus.empty()) out << "  every worker: CUDA_VISIBLE_DEVICES=" << visible << "\n";
+  for (size_t rank = 0; rank < order.gpus.size(); ++rank)
+    out << "  local rank " << rank << " -> cuda:" << rank << " = " << order.gpus[rank].bus_id << "\n";
+  return out.str();
+}
+
+}  // namespace mcprun

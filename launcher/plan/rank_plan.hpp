@@ -1,0 +1,67 @@
+// The launch plan: which local rank runs what, on which GPU and CPUs. Built once, before spawning.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "common/topology.hpp"
+#include "launcher/config/launch_config.hpp"
+#include "launcher/plan/worker_env.hpp"
+
+namespace mcprun {
+
+/// One local rank of the plan.
+struct RankSlot {
+  WorkerIdentity identity;
+  std::vector<int> cpus;  ///< CPU affinity to set before exec; empty: inherit.
+};
+
+/// Everything a launch needs that does not change between restarts.
+struct RankPlan {
+  JobIdentity job;
+  std::vector<RankSlot> slots;
+  std::vector<std::string> argv;  ///< The worker command line, identical for every rank.
+  bool pinned = false;            ///< Workers get CUDA_VISIBLE_DEVICES.
+  Environment extra_env;          ///< Job-wide additions, such as the socket interface.
+  std::vector<std::string> warnings;
+};
+
+/// Where this node sits in a multi-node job, as the rendezvous (or static flags) decided.
+struct JobPlacement {
+  int group_rank = 0;
+  int group_world_size = 1;
+  int world_size = 1;
+  int rank_offset = 0;  ///< Global rank of this node's local rank 0.
+  std::string master_addr;
+  int master_port = 0;
+};
+
+/// Moves a single-node plan into its place in the job: global ranks, sizes, the store address.
+void place_in_job(RankPlan& plan, const JobPlacement& placement);
+
+/// The network interface that holds `local_address` (the address this node reaches its peers
+/// from); nullopt when none does.
+std::optional<std::string> interface_for_address(const std::string& local_address);
+
+/// Sets NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME to `interface` for every worker, unless the
+/// user set them: NCCL and Gloo otherwise may pick lo or a docker bridge and never connect.
+void set_socket_interface(RankPlan& plan, const std::string& interface, const Environment& inherited);
+
+/// Resolves nproc, GPU pinning, CPU binding and the command line. Returns a one-line error for
+/// bad input (missing script, more pinned ranks than GPUs, no GPU for `-n gpu`, ...).
+std::variant<RankPlan, UsageError> build_rank_plan(const LaunchConfig& config,
+                                                   std::vector<GpuDevice> discovered,
+                                                   const Environment& inherited, int master_port);
+
+/// The --dry-run text: per rank its GPU, CPU set, environment delta and command line.
+std::string format_rank_plan(const RankPlan& plan, const Environment& inherited);
+
+/// The `mcprun topo` text: GPUs with NUMA node and switch, then the rank mapping.
+std::string format_topology(const std::vector<GpuDevice>& discovered, const TopologyOrder& order);
+
+/// The interpreter workers run: $PYTHON_EXEC, else python3 (as torchrun's PYTHON_EXEC).
+std::string worker_python(const Environment& env);
+
+}  // namespace mcprun

@@ -1,0 +1,76 @@
+// The OS seam: starting, signalling and reaping worker processes. Supervision logic talks only to
+// this interface, so its policy can run against a fake; PosixProcessControl is the real one.
+#pragma once
+
+#include <sys/types.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace mcprun {
+
+/// What to start: argv is exec'ed directly, never through a shell.
+struct SpawnRequest {
+  std::vector<std::string> argv;
+  std::vector<std::string> env;  ///< Complete environment, "KEY=VALUE".
+  std::vector<int> cpus;         ///< Affinity set before exec; empty: inherit.
+  int stdout_fd = -1;            ///< Becomes the child's fd 1 (-1: inherit).
+  int stderr_fd = -1;            ///< Becomes the child's fd 2 (-1: inherit).
+};
+
+/// How a reaped process ended.
+struct ProcessExit {
+  pid_t pid = 0;
+  int exit_code = 0;    ///< Valid when signal == 0.
+  int signal = 0;       ///< Signal that killed it, or 0.
+  bool succeeded() const { return signal == 0 && exit_code == 0; }
+};
+
+/// Starts and controls worker processes.
+class ProcessControl {
+ public:
+  virtual ~ProcessControl() = default;
+  /// Starts a worker as the leader of a new process group. Returns its pid, or nullopt with
+  /// `error` naming the failing call (exec errors included).
+  virtual std::optional<pid_t> spawn(const SpawnRequest& request, std::string* error) = 0;
+  /// Sends `signal` to the whole process group led by `pgid`.
+  virtual void signal_group(pid_t pgid, int signal) = 0;
+  /// Sends `signal` to processes that were orphaned and re-parented to the launcher.
+  virtual void signal_orphans(int signal) = 0;
+  /// Reaps every child that has exited, without blocking.
+  virtual std::vector<ProcessExit> reap() = 0;
+  /// Reaps `pid` alone if it has exited, without blocking, for a caller that learned of the exit
+  /// itself (a pidfd). nullopt while it runs, or once reap() has taken it.
+  virtual std::optional<ProcessExit> reap_one(pid_t pid) = 0;
+  /// Whether any child (worker or adopted orphan) is still unreaped.
+  virtual bool has_children() = 0;
+};
+
+/// fork+exec with a clean slate: own process group, default signal dispositions, empty mask, no
+/// inherited fds beyond 0-2, PR_SET_PDEATHSIG so a SIGKILLed launcher takes its workers along.
+class PosixProcessControl final : public ProcessControl {
+ public:
+  /// Starts the group guardian, then makes the launcher a child subreaper, so that orphaned
+  /// grandchildren come back to it.
+  PosixProcessControl();
+  /// Tells the guardian the launcher ended cleanly, so it kills nothing.
+  ~PosixProcessControl() override;
+  PosixProcessControl(const PosixProcessControl&) = delete;
+  PosixProcessControl& operator=(const PosixProcessControl&) = delete;
+  std::optional<pid_t> spawn(const SpawnRequest& request, std::string* error) override;
+  void signal_group(pid_t pgid, int signal) override;
+  void signal_orphans(int signal) override;
+  std::vector<ProcessExit> reap() override;
+  std::optional<ProcessExit> reap_one(pid_t pid) override;
+  bool has_children() override;
+
+ private:
+  std::vector<pid_t> spawned_;  ///< Group leaders we started; others we reap are orphans.
+  /// Write end of the pipe to the guardian: a process outside our tree that learns each worker's
+  /// process group and SIGKILLs them all if the launcher dies without saying goodbye. PDEATHSIG
+  /// alone reaches only the workers themselves, not what they started.
+  int guardian_fd_ = -1;
+};
+
+}  // namespace mcprun

@@ -1,0 +1,361 @@
+#include "launcher/rendezvous/rendezvous_client.hpp"
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
+#include <boost/asio/write.hpp>
+#include <unistd.h>
+
+#include <cstdio>
+#include <optional>
+#include <utility>
+
+#include "common/event_loop.hpp"
+#include "common/exit_status.hpp"
+#include "common/logging.hpp"
+#include "common/messages.hpp"
+#include "common/protocol.hpp"
+
+namespace mcprun {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+
+
+RendezvousClient::RendezvousClient(asio::io_context& io, std::string endpoint)
+    : io_(io), endpoint_(std::move(endpoint)), socket_(io), heartbeat_timer_(io), reconnect_timer_(io) {}
+
+RendezvousClient::~RendezvousClient() {
+  *alive_ = false;
+  boost::system::error_code ignored;
+  heartbeat_timer_.cancel();
+  reconnect_timer_.cancel();
+  socket_.close(ignored);
+}
+
+std::string RendezvousClient::local_address() const { return local_address_; }
+
+std::optional<std::string> RendezvousClient::connect() {
+  boost::system::error_code ec;
+  if (endpoint_.rfind("unix:", 0) == 0) {
+    asio::local::stream_protocol::socket local(io_);
+    local.connect(asio::local::stream_protocol::endpoint(endpoint_.substr(5)), ec);
+    if (ec) return "cannot reach rendezvous at " + endpoint_ + ": " + ec.message();
+    socket_ = asio::generic::stream_protocol::socket(std::move(local));
+    local_address_ = "127.0.0.1";  // The daemon's host is this host.
+    return std::nullopt;
+  }
+  auto colon = endpoint_.rfind(':');
+  if (colon == std::string::npos || colon == 0)
+    return "--rdzv-endpoint " + endpoint_ + ": expected HOST:PORT or unix:PATH";
+  const std::string host = endpoint_.substr(0, colon), port = endpoint_.substr(colon + 1);
+  tcp::resolver resolver(io_);
+  auto addresses = resolver.resolve(host, port, ec);
+  if (ec) return "cannot resolve rendezvous endpoint " + endpoint_ + ": " + ec.message();
+
+  tcp::socket socket(io_);
+  std::optional<boost::system::error_code> connected;
+  asio::async_connect(socket, addresses,
+                      [&](boost::system::error_code result, const tcp::endpoint&) { connected = result; });
+  if (!run_until(io_, [&] { return connected.has_value(); }, kRendezvousConnectTimeout)) {
+    socket.close(ec);
+    run_until(io_, [&] { return connected.has_value(); }, std::chrono::seconds(1));
+    return "rendezvous endpoint " + endpoint_ + " did not answer within " +
+           std::to_string(kRendezvousConnectTimeout.count()) + " s";
+  }
+  if (*connected)
+    return "cannot reach rendezvous at " + endpoint_ + ": " + connected->message() +
+           " (is rendezvousd running there?)";
+  local_address_ = socket.local_endpoint(ec).address().to_string();
+  socket_ = asio::generic::stream_protocol::socket(std::move(socket));
+  return std::nullopt;
+}
+
+std::variant<Assignment, std::string> RendezvousClient::join(nlohmann::json join,
+                                                            std::chrono::milliseconds limit) {
+  if (auto error = connect()) return *error;
+  if (!join.contains("addr") || join["addr"].get<std::string>().empty()) join["addr"] = local_address();
+  join["type"] = "join";
+  join_ = join;
+  std::optional<nlohmann::json> reply;
+  const bool show_progress = ::isatty(STDERR_FILENO);  // A CI log gets no redraws.
+  bool progress_shown = false;
+  on_message_ = [&](const nlohmann::json& message) {
+    const std::string type = message_type(message);
+    if (type == "joined") {
+      auto joined = parse_joined(message);
+      if (auto* error = std::get_if<std::string>(&joined)) return ignore_malformed(*error);
+      heartbeat_interval_ = std::chrono::milliseconds(std::get<JoinedMessage>(joined).heartbeat_interval_ms);
+      heartbeat();
+    } else if (type == "progress") {
+      if (!show_progress) return;
+      auto parsed = parse_progress(message);
+      if (auto* error = std::get_if<std::string>(&parsed)) return ignore_malformed(*error);
+      const ProgressMessage& progress = std::get<ProgressMessage>(parsed);
+      const int min = progress.min_nodes, max = progress.max_nodes;
+      std::string names;
+      for (const auto& name : progress.names) names += (names.empty() ? "" : ", ") + name;
+      std::fprintf(stderr, "\rmcprun: %d/%s nodes joined: %s; waiting %.0f s more\x1b[K",
+                   progress.joined,
+                   (min == max ? std::to_string(max) : std::to_string(min) + ".." + std::to_string(max)).c_str(),
+                   names.c_str(), progress.remaining_s);
+      progress_shown = true;
+    } else if (!reply) {
+      reply = message;
+    } else {
+      early_.push_back(message);  // Read with the assignment, before watch(): a failure, say.
+    }
+  };
+  send(join);
+  read();
+  const bool answered = run_until(io_, [&] { return reply.has_value() || closed_; }, limit);
+  on_message_ = nullptr;  // It refers to this frame's locals.
+  if (progress_shown) std::fputc('\n', stderr);
+  if (!answered)
+    return "no rendezvous assignment within " + std::to_string(limit.count() / 1000) + " s";
+  if (!reply) return "the rendezvous at " + endpoint_ + " closed the connection";
+  const std::string type = message_type(*reply);
+  if (type == "lost") return "the rendezvous at " + endpoint_ + " closed the connection";
+  if (type == "error") {
+    auto refused = parse_text(*reply);
+    if (auto* error = std::get_if<std::string>(&refused)) return "rendezvous: malformed " + *error;
+    return "rendezvous: " + std::get<TextMessage>(refused).message;
+  }
+  if (type != "assignment") return "rendezvous: unexpected reply '" + type + "'";
+  auto parsed = parse_assignment(*reply);
+  if (auto* error = std::get_if<std::string>(&parsed)) return "rendezvous: malformed " + *error;
+  const AssignmentMessage& assignment = std::get<AssignmentMessage>(parsed);
+  assignment_ = Assignment{assignment.group_rank, assignment.group_world_size, assignment.world_size,
+                           assignment.rank_offset, assignment.master_addr, assignment.master_port};
+  return *assignment_;
+}
+
+std::variant<GrantedLease, std::string> RendezvousClient::lease(nlohmann::json request,
+                                                               std::chrono::milliseconds limit) {
+  if (auto error = connect()) return *error;
+  request["type"] = "lease";
+  std::optional<nlohmann::json> reply;
+  on_message_ = [&](const nlohmann::json& message) {
+    if (message_type(message) != "queued") {
+      if (!reply) reply = message;
+      return;
+    }
+    auto queued = parse_text(message);
+    if (auto* error = std::get_if<std::string>(&queued)) return ignore_malformed(*error);
+    spdlog::info("waiting up to {:g} s for a GPU lease: {}", request.value("wait_s", 0.0),
+                 std::get<TextMessage>(queued).message);
+  };
+  send(request);
+  read();
+  const bool answered = run_until(io_, [&] { return reply.has_value() || closed_; }, limit);
+  on_message_ = nullptr;  // It refers to this frame's locals.
+  if (!answered)
+    return "rendezvousd at " + endpoint_ + " did not answer the lease request within " +
+           std::to_string(limit.count() / 1000) + " s";
+  if (!reply) return "rendezvousd at " + endpoint_ + " closed the connection";
+  if (message_type(*reply) == "error") {
+    auto refused = parse_text(*reply);
+    if (auto* error = std::get_if<std::string>(&refused)) return "malformed " + *error;
+    return std::get<TextMessage>(refused).message;
+  }
+  auto parsed = parse_lease_grant(*reply);
+  if (auto* error = std::get_if<std::string>(&parsed)) return "rendezvousd sent a malformed " + *error;
+  const LeaseGrant& grant = std::get<LeaseGrant>(parsed);
+  heartbeat_interval_ = std::chrono::milliseconds(grant.heartbeat_interval_ms);
+  heartbeat();  // The lease lasts as long as this connection does.
+  GrantedLease granted{grant.gpus, grant.port};
+  lease_ = request;
+  lease_["held_gpus"] = granted.gpus;
+  lease_["held_port"] = granted.port;
+  return granted;
+}
+
+void RendezvousClient::watch(PeerEvents events) {
+  auto stopped = std::make_shared<bool>(false);
+  auto stop_once = [on_stop = events.on_stop, stopped](const PeerStop& stop) {
+    if (!*stopped && on_stop) {
+      *stopped = true;
+      on_stop(stop);
+    }
+  };
+  on_message_ = [this, stop_once, events](const nlohmann::json& message) {
+    const std::string type = message_type(message);
+    if (type == "failed") {
+      auto parsed = parse_failed(message);
+      if (auto* error = std::get_if<std::string>(&parsed)) return ignore_malformed(*error);
+      const FailedNotice& failed = std::get<FailedNotice>(parsed);
+      stop_once({"node " + (failed.node.empty() ? "?" : failed.node) + ": " + failed.reason,
+                 failed.exit_code});
+    } else if (type == "membership" || type == "lost") {
+      auto parsed = parse_node_notice(message);
+      if (auto* error = std::get_if<std::string>(&parsed)) return ignore_malformed(*error);
+      const std::string& node = std::get<NodeNotice>(parsed).node;
+      if (type == "membership")
+        stop_once({"node " + node + " joins the job; re-forming the round", kExitRendezvous, true});
+      else
+        stop_once({node + " was lost (it stopped answering)", kExitRendezvous});
+    } else if (type == "stall" && events.on_stall) {
+      auto parsed = parse_stall(message);
+      if (auto* error = std::get_if<std::string>(&parsed)) return ignore_malformed(*error);
+      events.on_stall(std::get<RelayedNotice>(parsed).body);
+    } else if (type == "stall_report" && events.on_stall_report) {
+      auto parsed = parse_stall_report(message);
+      if (auto* error = std::get_if<std::string>(&parsed)) return ignore_malformed(*error);
+      events.on_stall_report(std::get<RelayedNotice>(parsed).body);
+    } else if (type == "barrier_done" && events.on_barrier_done) {
+      auto parsed = parse_barrier_done(message);
+      if (auto* error = std::get_if<std::string>(&parsed)) return ignore_malformed(*error);
+      events.on_barrier_done(std::get<BarrierDone>(parsed).name);
+    }
+  };
+  replay_early_messages();
+}
+
+void RendezvousClient::replay_early_messages() {
+  if (early_.empty()) return;
+  asio::post(io_, [this, alive = alive_, early = std::exchange(early_, {})] {
+    for (const nlohmann::json& message : early)
+      if (*alive && on_message_) on_message_(message);
+  });
+}
+
+void RendezvousClient::ignore_malformed(const std::string& reason) const {
+  spdlog::error("the rendezvous at {} sent a malformed {}; ignoring it", endpoint_, reason);
+}
+
+void RendezvousClient::report_failure(const std::string& reason, int exit_code) {
+  send({{"type", "failed"}, {"reason", reason}, {"exit_code", exit_code}});
+  flush(std::chrono::seconds(2));
+}
+
+void RendezvousClient::report_done() {
+  send({{"type", "done"}});
+  flush(std::chrono::seconds(2));
+}
+
+void RendezvousClient::send(const nlohmann::json& message) {
+  if (closed_) return;
+  const bool idle = writes_.empty();
+  writes_.push_back(encode_frame(message));  // Held while reconnecting, sent after the rejoin.
+  if (idle && !reconnecting_) write_next();
+}
+
+void RendezvousClient::write_next() {
+  asio::async_write(socket_, asio::buffer(writes_.front()),
+                    [this, alive = alive_](boost::system::error_code ec, size_t) {
+                      if (!*alive || reconnecting_) return;
+                      if (ec) return connection_lost();
+                      writes_.pop_front();
+                      if (!writes_.empty()) write_next();
+                    });
+}
+
+void RendezvousClient::flush(std::chrono::milliseconds limit) {
+  run_until(io_, [this] { return (writes_.empty() && !reconnecting_) || closed_; }, limit);
+}
+
+void RendezvousClient::read() {
+  socket_.async_read_some(asio::buffer(chunk_), [this, alive = alive_](boost::system::error_code ec,
+                                                                      size_t n) {
+    if (!*alive || reconnecting_) return;
+    if (ec) {
+      if (ec != asio::error::operation_aborted) connection_lost();
+      return;
+    }
+    buffer_.append(chunk_.data(), n);
+    for (;;) {
+      FrameResult result = decode_frame(buffer_);
+      if (auto* frame = std::get_if<Frame>(&result)) {
+        buffer_.erase(0, frame->consumed);
+        // Nothing the daemon sends may end this node's job from inside a handler.
+        try {
+          if (on_message_) on_message_(frame->message);
+        } catch (const std::exception& bad) {
+          ignore_malformed("message (" + std::string(bad.what()) + ")");
+        }
+        continue;
+      }
+      if (auto* error = std::get_if<FrameError>(&result)) {
+        spdlog::error("rendezvous sent a bad frame: {}", error->message);
+        closed_ = true;
+        return;
+      }
+      break;
+    }
+    read();
+  });
+}
+
+void RendezvousClient::connection_lost() {
+  if (reconnecting_ || closed_) return;
+  boost::system::error_code ignored;
+  socket_.close(ignored);
+  if (!assignment_ && lease_.is_null()) {
+    closed_ = true;
+    writes_.clear();
+    if (on_message_) on_message_({{"type", "lost"}, {"node", "the rendezvous at " + endpoint_}});
+    return;
+  }
+  spdlog::warn("lost the rendezvous at {}; the workers keep running while this node reconnects "
+               "(up to {} s)", endpoint_, kReconnectTimeout.count());
+  reconnecting_ = true;
+  heartbeating_ = false;
+  heartbeat_timer_.cancel();
+  buffer_.clear();
+  // A frame cut mid-write would corrupt the new stream; whole frames queued later are kept.
+  if (!writes_.empty()) writes_.pop_front();
+  reconnect_deadline_ = Clock::now() + kReconnectTimeout;
+  try_reconnect(kReconnectBackoffStart);
+}
+
+void RendezvousClient::try_reconnect(std::chrono::milliseconds backoff) {
+  reconnect_timer_.expires_after(backoff);
+  reconnect_timer_.async_wait([this, backoff, alive = alive_](boost::system::error_code ec) {
+    if (!*alive || ec) return;
+    if (connect()) {
+      if (Clock::now() < reconnect_deadline_) return try_reconnect(std::min(backoff * 2, kReconnectBackoffMax));
+      spdlog::error("the rendezvous at {} stayed unreachable for {} s", endpoint_, kReconnectTimeout.count());
+      reconnecting_ = false;
+      closed_ = true;
+      writes_.clear();
+      if (on_message_) on_message_({{"type", "lost"}, {"node", "the rendezvous at " + endpoint_}});
+      return;
+    }
+    nlohmann::json rejoin = lease_;  // A lease holder re-registers the GPUs and port it holds.
+    if (assignment_) {
+      rejoin = join_;
+      rejoin["type"] = "rejoin";
+      rejoin["assignment"] = {{"group_rank", assignment_->group_rank},
+                              {"group_world_size", assignment_->group_world_size},
+                              {"world_size", assignment_->world_size},
+                              {"rank_offset", assignment_->rank_offset},
+                              {"master_addr", assignment_->master_addr},
+                              {"master_port", assignment_->master_port}};
+      spdlog::info("reconnected to the rendezvous at {}; re-registering node rank {}", endpoint_,
+                   assignment_->group_rank);
+    } else {
+      spdlog::info("reconnected to rendezvousd at {}; re-registering this job's GPU lease", endpoint_);
+    }
+    reconnecting_ = false;
+    writes_.push_front(encode_frame(rejoin));
+    write_next();
+    read();
+    heartbeat();
+  });
+}
+
+void RendezvousClient::heartbeat() {
+  if (heartbeating_) return;
+  heartbeating_ = true;
+  beat();
+}
+
+void RendezvousClient::beat() {
+  send({{"type", "heartbeat"}});
+  heartbeat_timer_.expires_after(heartbeat_interval_);
+  heartbeat_timer_.async_wait([this, alive = alive_](boost::system::error_code ec) {
+    if (*alive && !ec && !closed_) beat();
+  });
+}
+
+}  // namespace mcprun

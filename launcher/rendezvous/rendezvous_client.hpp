@@ -1,0 +1,127 @@
+// The agent's side of the rendezvous: join, wait for the assignment, then heartbeat and hear
+// about the other nodes (a failed worker, a lost node) while the workers run.
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/generic/stream_protocol.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "launcher/plan/rank_plan.hpp"
+#include "rendezvousd/rendezvous_round.hpp"
+
+namespace mcprun {
+
+/// How long connecting to the rendezvous may take before the launch fails.
+inline constexpr std::chrono::seconds kRendezvousConnectTimeout{10};
+/// Heartbeat period until the daemon names its own (a third of its lease) in "joined".
+inline constexpr std::chrono::milliseconds kDefaultHeartbeatInterval{3000};
+/// How long a running job's agent keeps trying to reach a restarted rendezvousd before it gives
+/// the job up; its workers run on meanwhile.
+inline constexpr std::chrono::seconds kReconnectTimeout{60};
+/// Reconnect attempts start this far apart and double up to kReconnectBackoffMax.
+inline constexpr std::chrono::milliseconds kReconnectBackoffStart{100};
+inline constexpr std::chrono::milliseconds kReconnectBackoffMax{1000};
+
+/// This node's share of a completed round.
+using Assignment = JobPlacement;
+
+/// GPUs and a master port the local rendezvousd leased to this job, for as long as the client
+/// stays connected.
+struct GrantedLease {
+  std::vector<std::string> gpus;  ///< PCI bus ids.
+  int port = 0;
+};
+
+/// What another node told us: stop the group.
+struct PeerStop {
+  std::string reason;  ///< "node b: rank 3 exited with exit code 7", "node c lost", ...
+  int exit_code = 0;   ///< The exit code this node should end with.
+  bool membership_change = false;  ///< A node joins: re-form without spending a restart.
+};
+
+/// What the other nodes say while the workers run; each handler is optional.
+struct PeerEvents {
+  std::function<void(const PeerStop&)> on_stop;              ///< At most once.
+  std::function<void(const nlohmann::json&)> on_stall;       ///< A StallNotice, at most once.
+  std::function<void(const nlohmann::json&)> on_stall_report;  ///< {node, ranks[RankProgress]}.
+  std::function<void(const std::string&)> on_barrier_done;   ///< Every rank reached it.
+};
+
+/// One connection to rendezvousd (or the embedded server): "HOST:PORT", or "unix:PATH" for an
+/// agent on the daemon's own host.
+class RendezvousClient {
+ public:
+  RendezvousClient(boost::asio::io_context& io, std::string endpoint);
+  /// Closes the connection; handlers still queued see that the client is gone.
+  ~RendezvousClient();
+  RendezvousClient(const RendezvousClient&) = delete;
+  RendezvousClient& operator=(const RendezvousClient&) = delete;
+
+  /// Connects and sends `join`, then waits for the assignment up to `limit`. On failure: one line.
+  std::variant<Assignment, std::string> join(nlohmann::json join, std::chrono::milliseconds limit);
+  /// Connects and asks for GPUs and a port: {gpus, wait_s, job}; waits up to `limit`.
+  std::variant<GrantedLease, std::string> lease(nlohmann::json request, std::chrono::milliseconds limit);
+  /// Listens for the other nodes (heartbeats already run since the join was accepted).
+  void watch(PeerEvents events);
+  /// Relays a message to every other node of the job: "stall", "stall_report", "barrier".
+  void send(const nlohmann::json& message);
+  /// Tells every other node to stop; `exit_code` is what they should exit with.
+  void report_failure(const std::string& reason, int exit_code);
+  /// Tells the rendezvous this node finished cleanly.
+  void report_done();
+  /// The local address of the connection: the one this node reaches the rendezvous from.
+  std::string local_address() const;
+
+ private:
+  /// Connects over TCP or the unix socket; an error line on failure.
+  std::optional<std::string> connect();
+  /// The connection broke: before the assignment that is the end; after it, reconnect and
+  /// re-register this node's live assignment, so a daemon restart costs the job nothing.
+  void connection_lost();
+  void try_reconnect(std::chrono::milliseconds backoff);
+  void write_next();
+  void read();
+  /// Starts the heartbeat loop once.
+  void heartbeat();
+  void beat();
+  void flush(std::chrono::milliseconds limit);
+  /// Hands watch()'s handler what arrived in the same read as the assignment, on the next turn
+  /// of the loop, as if it had arrived then.
+  void replay_early_messages();
+  /// Logs a message from the rendezvous that failed to parse; the connection goes on.
+  void ignore_malformed(const std::string& reason) const;
+
+  boost::asio::io_context& io_;
+  std::string endpoint_;
+  boost::asio::generic::stream_protocol::socket socket_;  ///< TCP, or a unix socket ("unix:PATH").
+  std::string local_address_;
+  boost::asio::steady_timer heartbeat_timer_;
+  std::string buffer_;
+  std::array<char, 4096> chunk_;
+  std::deque<std::string> writes_;
+  nlohmann::json join_;                   ///< As sent; a rejoin repeats it with the assignment.
+  std::optional<Assignment> assignment_;  ///< Set once the round completed.
+  nlohmann::json lease_;                  ///< A granted lease, re-registered after a reconnect.
+  bool reconnecting_ = false;
+  Clock::time_point reconnect_deadline_;
+  boost::asio::steady_timer reconnect_timer_;
+  std::function<void(const nlohmann::json&)> on_message_;
+  std::vector<nlohmann::json> early_;  ///< Arrived after the assignment, before watch().
+  bool closed_ = false;
+  bool heartbeating_ = false;
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  ///< False once destroyed.
+  std::chrono::milliseconds heartbeat_interval_ = kDefaultHeartbeatInterval;
+};
+
+}  // namespace mcprun

@@ -1,0 +1,278 @@
+#include "launcher/stall/stall_watch.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "common/logging.hpp"
+#include "common/proc_sockets.hpp"
+
+namespace mcprun {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+Clock::duration seconds(double value) {
+  return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(value));
+}
+
+double seconds_since(Clock::time_point then) {
+  return std::chrono::duration<double>(Clock::now() - then).count();
+}
+
+std::string format_seconds(double value) { return fmt::format("{:g} s", value); }
+
+}  // namespace
+
+StallWatch::StallWatch(boost::asio::io_context& io, StallSettings settings, std::string host,
+                       const std::filesystem::path& runtime_dir)
+    : io_(io),
+      settings_(settings),
+      host_(std::move(host)),
+      file_timer_(io, runtime_dir / "timer.fifo",
+                  [this](const ExpiredTimer& expired) { on_timer_expired(expired); }),
+      channel_(io, runtime_dir / "agent.sock",
+               {[this](int rank) { on_heartbeat(rank); },
+                [this](int rank, const std::string& name, double timeout_s) {
+                  on_barrier(rank, name, timeout_s);
+                }}),
+      init_deadline_(io),
+      activity_deadline_(io) {}
+
+StallWatch::~StallWatch() { end_attempt(); }
+
+Environment StallWatch::worker_env() const {
+  return {{"TORCHELASTIC_TIMER_FILE", file_timer_.path().string()},
+          {"MCPRUN_AGENT_SOCKET", channel_.path().string()}};
+}
+
+void StallWatch::host_store(boost::asio::ip::tcp::acceptor acceptor) {
+  store_ = std::make_unique<TcpStoreServer>(io_, std::move(acceptor),
+                                            [this](const StoreEvent& event) { on_store_event(event); });
+}
+
+void StallWatch::renew_store() {
+  if (store_) store_->reset();
+}
+
+void StallWatch::begin_attempt(int world_size, int master_port, StallHooks hooks) {
+  end_attempt();
+  armed_ = true;
+  world_size_ = world_size;
+  master_port_ = master_port;
+  hooks_ = std::move(hooks);
+  attempt_start_ = Clock::now();
+  if (store_ && settings_.init_timeout > 0) {
+    init_.emplace(world_size, settings_.torch_init_barrier);
+    arm_init_deadline();
+  }
+  arm_activity_deadline();
+}
+
+void StallWatch::arm_init_deadline() {
+  init_deadline_.expires_after(seconds(settings_.init_timeout));
+  init_deadline_.async_wait([this](boost::system::error_code ec) {
+    if (!ec) on_init_deadline();
+  });
+}
+
+void StallWatch::end_attempt() {
+  armed_ = stalled_ = init_timed_from_first_arrival_ = false;
+  init_.reset();
+  init_deadline_.cancel();
+  activity_deadline_.cancel();
+  last_heartbeat_.clear();
+  barriers_.clear();
+  hooks_ = {};
+}
+
+void StallWatch::declare(StallNotice notice) {
+  if (!armed_ || stalled_) return;
+  stalled_ = true;  // One stall per attempt: the first explains the rest.
+  notice.noticed_on = host_;
+  init_deadline_.cancel();
+  activity_deadline_.cancel();
+  hooks_.on_stall(notice);
+}
+
+void StallWatch::on_store_event(const StoreEvent& event) {
+  if (!init_ || init_->passed()) return;
+  init_->observe(event);
+  if (init_timed_from_first_arrival_ && init_->any_connected()) {
+    init_timed_from_first_arrival_ = false;
+    spdlog::info("a rank reached the job store; the world has --init-timeout {} from now to pass "
+                 "the init barrier", format_seconds(settings_.init_timeout));
+    arm_init_deadline();
+  }
+  if (init_->passed()) {
+    init_deadline_.cancel();
+    spdlog::debug("all {} ranks passed the init barrier after {:.2f} s", world_size_,
+                  seconds_since(attempt_start_));
+  }
+}
+
+void StallWatch::on_init_deadline() {
+  if (!init_ || init_->passed()) return;
+  if (!init_->any_connected()) {
+    // No rank reached the store: the script does not use env:// init, or is still importing on
+    // a slow node. Neither is evidence of a stall, so the deadline starts again at the first
+    // rank's arrival, if one ever comes.
+    spdlog::info("no rank connected to the job store within --init-timeout {}; timing the init "
+                 "barrier from the first rank's arrival", format_seconds(settings_.init_timeout));
+    init_timed_from_first_arrival_ = true;
+    return;
+  }
+  StallNotice notice;
+  notice.kind = StallNotice::Kind::kInit;
+  notice.what = "the process group's init barrier was not passed within --init-timeout " +
+                format_seconds(settings_.init_timeout);
+  notice.arrived = init_->arrived();
+  declare(std::move(notice));
+}
+
+void StallWatch::on_heartbeat(int rank) {
+  if (!armed_) return;
+  const bool first = !last_heartbeat_.contains(rank);
+  last_heartbeat_[rank] = Clock::now();
+  if (first) arm_activity_deadline();  // A new deadline, maybe earlier than the armed one.
+}
+
+void StallWatch::arm_activity_deadline() {
+  if (!armed_ || stalled_ || !hooks_.workers) return;
+  std::optional<Clock::time_point> earliest;
+  auto consider = [&](Clock::time_point deadline) {
+    if (!earliest || deadline < *earliest) earliest = deadline;
+  };
+  for (const WorkerStatus& worker : hooks_.workers()) {
+    if (!worker.running) continue;
+    if (auto beat = last_heartbeat_.find(worker.rank);
+        beat != last_heartbeat_.end() && settings_.heartbeat_timeout > 0)
+      consider(beat->second + seconds(settings_.heartbeat_timeout));
+    if (settings_.silence_timeout > 0) consider(worker.last_output + seconds(settings_.silence_timeout));
+  }
+  // Workers not started yet (or none watched so far): look again after the silence limit.
+  if (!earliest && settings_.silence_timeout > 0) earliest = Clock::now() + seconds(settings_.silence_timeout);
+  if (!earliest) return;
+  activity_deadline_.expires_at(*earliest);
+  activity_deadline_.async_wait([this](boost::system::error_code ec) {
+    if (!ec) on_activity_deadline();
+  });
+}
+
+void StallWatch::on_activity_deadline() {
+  if (!armed_ || stalled_) return;
+  const auto now = Clock::now();
+  for (const WorkerStatus& worker : hooks_.workers()) {
+    if (!worker.running) continue;
+    StallNotice notice;
+    notice.rank = worker.rank;
+    if (auto beat = last_heartbeat_.find(worker.rank); beat != last_heartbeat_.end() &&
+        settings_.heartbeat_timeout > 0 && now >= beat->second + seconds(settings_.heartbeat_timeout)) {
+      notice.kind = StallNotice::Kind::kHeartbeat;
+      notice.what = fmt::format("rank {} sent no heartbeat for --heartbeat-timeout {}", worker.rank,
+                                format_seconds(settings_.heartbeat_timeout));
+    } else if (settings_.silence_timeout > 0 &&
+               now >= worker.last_output + seconds(settings_.silence_timeout)) {
+      notice.kind = StallNotice::Kind::kSilence;
+      notice.what = fmt::format("rank {} printed nothing for --silence-timeout {}", worker.rank,
+                                format_seconds(settings_.silence_timeout));
+    } else {
+      continue;
+    }
+    return declare(std::move(notice));
+  }
+  arm_activity_deadline();
+}
+
+void StallWatch::on_barrier(int rank, const std::string& name, double timeout_s) {
+  if (!armed_) return;
+  Barrier& barrier = barriers_[name];
+  barrier.arrived.insert(rank);
+  if (!barrier.deadline && timeout_s > 0) {
+    // The first local arrival starts the clock; a node with no rank there has none running.
+    barrier.timeout_s = timeout_s;
+    barrier.deadline = std::make_unique<boost::asio::steady_timer>(io_, seconds(timeout_s));
+    barrier.deadline->async_wait([this, name](boost::system::error_code ec) {
+      if (ec) return;
+      StallNotice notice;
+      notice.kind = StallNotice::Kind::kBarrier;
+      notice.barrier = name;
+      notice.what = fmt::format("barrier '{}' was not complete within its timeout of {}", name,
+                                format_seconds(barriers_[name].timeout_s));
+      declare(std::move(notice));
+    });
+  }
+  if (hooks_.forward_barrier_arrival) return hooks_.forward_barrier_arrival(name, rank);
+  if (static_cast<int>(barrier.arrived.size()) >= world_size_) complete_barrier(name);
+}
+
+void StallWatch::complete_barrier(const std::string& name) {
+  barriers_.erase(name);  // Cancels its deadline; the name may be used again.
+  channel_.complete_barrier(name);
+}
+
+void StallWatch::on_timer_expired(const ExpiredTimer& expired) {
+  if (!armed_ || !hooks_.workers) return;
+  for (const WorkerStatus& worker : hooks_.workers()) {
+    if (worker.pid != expired.pid) continue;
+    StallNotice notice;
+    notice.kind = StallNotice::Kind::kTimer;
+    notice.rank = worker.rank;
+    notice.what = fmt::format("rank {}'s FileTimer scope '{}' expired", worker.rank, expired.scope_id);
+    return declare(std::move(notice));
+  }
+  spdlog::warn("FileTimer scope '{}' of pid {} expired; that pid is no worker of this node",
+               expired.scope_id, expired.pid);
+}
+
+std::vector<RankProgress> StallWatch::diagnose(const StallNotice& notice,
+                                               const std::vector<WorkerStatus>& workers) const {
+  std::vector<RankProgress> ranks;
+  for (const WorkerStatus& worker : workers) {
+    RankProgress progress;
+    progress.rank = worker.rank;
+    progress.local_rank = worker.local_rank;
+    progress.host = host_;
+    progress.pid = worker.pid;
+    progress.last_line = worker.last_line;
+    if (worker.pid > 0) progress.last_line_age_s = seconds_since(worker.last_output);
+    progress.stack_file = worker.running ? worker.stack_file.string() : "";
+    if (worker.pid == 0) {
+      progress.level = RankProgress::kNotRunning;
+      progress.state = "never started";
+    } else if (!worker.running) {
+      progress.level = RankProgress::kNotRunning;
+      progress.state = "ended early: " + worker.ended;
+    } else if (notice.kind == StallNotice::Kind::kInit) {
+      const std::vector<SocketEnd> ends = connections_to_port(worker.pid, master_port_);
+      bool arrived = false;
+      for (const SocketEnd& end : ends)
+        if (auto ports = notice.arrived.find(end.address); ports != notice.arrived.end())
+          arrived |= std::find(ports->second.begin(), ports->second.end(), end.port) != ports->second.end();
+      progress.level = arrived ? RankProgress::kArrived
+                       : ends.empty() ? RankProgress::kNotConnected
+                                      : RankProgress::kConnected;
+      progress.state = arrived       ? "at the init barrier"
+                       : ends.empty() ? "never connected to the store"
+                                      : "connected, not at the init barrier";
+    } else if (notice.kind == StallNotice::Kind::kBarrier) {
+      auto barrier = barriers_.find(notice.barrier);
+      const bool arrived = barrier != barriers_.end() && barrier->second.arrived.contains(worker.rank);
+      progress.level = arrived ? RankProgress::kArrived : RankProgress::kConnected;
+      progress.state = arrived ? "at barrier '" + notice.barrier + "'"
+                               : "never reached barrier '" + notice.barrier + "'";
+    } else if (notice.rank == worker.rank) {
+      progress.level = RankProgress::kConnected;
+      progress.state = notice.kind == StallNotice::Kind::kTimer       ? "its FileTimer scope expired"
+                       : notice.kind == StallNotice::Kind::kHeartbeat ? "stopped heartbeating"
+                                                                      : "went silent";
+    } else {
+      progress.level = RankProgress::kArrived;
+      progress.state = "running";
+    }
+    ranks.push_back(std::move(progress));
+  }
+  return ranks;
+}
+
+}  // namespace mcprun

@@ -1,0 +1,118 @@
+// The watchdogs that turn a silent hang into a stall: the init barrier (seen through the job
+// store this node hosts), torch's FileTimer scopes, helper heartbeats and barriers, and output
+// silence. Each declares a StallNotice; the launcher then diagnoses, dumps stacks and stops.
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "launcher/stall/agent_channel.hpp"
+#include "launcher/stall/file_timer.hpp"
+#include "launcher/store/init_barrier.hpp"
+#include "launcher/config/launch_config.hpp"
+#include "launcher/stall/stall_report.hpp"
+#include "launcher/store/tcp_store.hpp"
+#include "launcher/plan/worker_env.hpp"
+
+namespace mcprun {
+
+/// One worker as the watchdogs and the stall report see it.
+struct WorkerStatus {
+  int rank = 0;
+  int local_rank = 0;
+  pid_t pid = 0;                  ///< 0: never started.
+  bool running = false;
+  std::string ended;              ///< How it ended, once not running: "exit code 1".
+  std::string last_line;          ///< Empty: no output yet.
+  std::chrono::steady_clock::time_point last_output;
+  std::filesystem::path stack_file;
+};
+
+/// What an attempt's watchdogs report to the launcher.
+struct StallHooks {
+  std::function<void(const StallNotice&)> on_stall;
+  std::function<std::vector<WorkerStatus>()> workers;
+  /// Set when barriers span nodes: forwards one local arrival to the rendezvous, which answers
+  /// with complete_barrier() once every rank of the job is there.
+  std::function<void(const std::string& name, int rank)> forward_barrier_arrival;
+};
+
+class StallWatch {
+ public:
+  /// Creates the FileTimer pipe and the helper's socket under `runtime_dir`.
+  StallWatch(boost::asio::io_context& io, StallSettings settings, std::string host,
+             const std::filesystem::path& runtime_dir);
+  ~StallWatch();
+
+  /// TORCHELASTIC_TIMER_FILE and MCPRUN_AGENT_SOCKET, for every worker.
+  Environment worker_env() const;
+  /// Serves the job store on `acceptor`: this node is the job's master.
+  void host_store(boost::asio::ip::tcp::acceptor acceptor);
+  void stop_hosting_store() { store_.reset(); }
+  /// Empties the store and closes every connection: each attempt gets a store of its own, as
+  /// torch 2.x expects (its env:// keys carry no attempt number).
+  void renew_store();
+  bool hosts_store() const { return store_ != nullptr; }
+
+  /// Arms every watchdog for one attempt of `world_size` ranks; `master_port` is the store's.
+  void begin_attempt(int world_size, int master_port, StallHooks hooks);
+  /// Disarms them; nothing fires until the next begin_attempt.
+  void end_attempt();
+  /// Every rank of the job reached barrier `name`: answer the local ones.
+  void complete_barrier(const std::string& name);
+  /// How far each local worker got, as the report shows it.
+  std::vector<RankProgress> diagnose(const StallNotice& notice,
+                                     const std::vector<WorkerStatus>& workers) const;
+
+ private:
+  struct Barrier {
+    std::set<int> arrived;  ///< Local ranks waiting at it.
+    std::unique_ptr<boost::asio::steady_timer> deadline;
+    double timeout_s = 0;
+  };
+  void on_store_event(const StoreEvent& event);
+  void arm_init_deadline();
+  void on_init_deadline();
+  void on_heartbeat(int rank);
+  void on_barrier(int rank, const std::string& name, double timeout_s);
+  void on_timer_expired(const ExpiredTimer& expired);
+  /// Arms the activity timer at the earliest heartbeat or silence deadline.
+  void arm_activity_deadline();
+  void on_activity_deadline();
+  void declare(StallNotice notice);
+
+  boost::asio::io_context& io_;
+  StallSettings settings_;
+  std::string host_;
+  FileTimerServer file_timer_;
+  AgentChannel channel_;
+  std::unique_ptr<TcpStoreServer> store_;
+
+  // The current attempt; reset by begin_attempt.
+  bool armed_ = false;
+  bool stalled_ = false;
+  int world_size_ = 1;
+  int master_port_ = 0;
+  StallHooks hooks_;
+  std::optional<InitBarrierWatch> init_;
+  /// No rank had reached the store by the first deadline: the next one counts from the first.
+  bool init_timed_from_first_arrival_ = false;
+  boost::asio::steady_timer init_deadline_;
+  boost::asio::steady_timer activity_deadline_;
+  std::chrono::steady_clock::time_point attempt_start_;
+  std::map<int, std::chrono::steady_clock::time_point> last_heartbeat_;
+  std::map<std::string, Barrier> barriers_;
+};
+
+}  // namespace mcprun

@@ -1,0 +1,96 @@
+#include "launcher/supervise/failure_report.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <sstream>
+
+#include "common/exit_status.hpp"
+#include "common/sys.hpp"
+#include "launcher/process/process_control.hpp"
+
+namespace mcprun {
+namespace {
+
+void indent_lines(std::ostringstream& out, const std::string& text, const char* indent) {
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) out << indent << line << "\n";
+}
+
+}  // namespace
+
+std::optional<RecordedError> read_error_file(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  nlohmann::json json = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!json.is_object() || !json.contains("message")) return std::nullopt;
+  RecordedError error;
+  const nlohmann::json& message = json["message"];
+  if (message.is_string()) {
+    error.message = message.get<std::string>();
+  } else if (message.is_object()) {
+    error.message = message.value("message", "");
+    if (auto info = message.find("extraInfo"); info != message.end() && info->is_object()) {
+      error.traceback = info->value("py_callstack", "");
+      error.timestamp = info->value("timestamp", "");
+    }
+  } else {
+    return std::nullopt;
+  }
+  return error;
+}
+
+int exit_code_for(const WorkerOutcome& worker) {
+  return worker.signal != 0 ? exit_code_for_signal(worker.signal) : worker.exit_code;
+}
+
+std::string format_failure_report(const std::vector<WorkerOutcome>& workers, size_t first_failure,
+                                  const std::string& host, int restart_count, int max_restarts) {
+  const WorkerOutcome& root = workers.at(first_failure);
+  const std::string rule(72, '=');
+  std::ostringstream out;
+  out << rule << "\nmcprun: worker group failed (attempt " << restart_count << ", restarts left "
+      << (max_restarts - restart_count) << ")\n"
+      << std::string(72, '-') << "\nRoot cause (first failure):\n"
+      << "  rank:       " << root.rank << " (local rank " << root.local_rank << ")\n"
+      << "  host:       " << host << "\n"
+      << "  pid:        " << root.pid << "\n"
+      << "  exit:       " << describe_exit(root.exit_code, root.signal) << "\n"
+      << "  time:       " << utc_timestamp(root.exit_time) << "\n";
+  if (auto recorded = read_error_file(root.error_file)) {
+    out << "  error file: " << root.error_file.string() << "\n"
+        << "  message:    " << recorded->message << "\n";
+    if (!recorded->traceback.empty()) {
+      out << "  traceback:\n";
+      indent_lines(out, recorded->traceback, "    ");
+    }
+  } else {
+    out << "  error file: <not written> (decorate main with "
+           "torch.distributed.elastic.multiprocessing.errors.record for a traceback)\n";
+  }
+  out << "  last output (" << root.tail.size() << " lines):\n";
+  for (const auto& line : root.tail) out << "    " << line << "\n";
+
+  std::vector<const WorkerOutcome*> also_failed;
+  std::string stopped;
+  for (size_t i = 0; i < workers.size(); ++i) {
+    if (i == first_failure) continue;
+    const WorkerOutcome& worker = workers[i];
+    if (worker.stopped_by_launcher)
+      stopped += (stopped.empty() ? "" : ",") + std::to_string(worker.rank);
+    else if (worker.failed())
+      also_failed.push_back(&worker);
+  }
+  if (!also_failed.empty()) {
+    out << "Other ranks that failed by themselves:\n";
+    for (const WorkerOutcome* worker : also_failed)
+      out << "  rank " << worker->rank << " (local rank " << worker->local_rank << ", pid "
+          << worker->pid << "): " << describe_exit(worker->exit_code, worker->signal) << " at "
+          << utc_timestamp(worker->exit_time) << "\n";
+  }
+  if (!stopped.empty()) out << "Stopped by mcprun: rank(s) " << stopped << "\n";
+  out << rule << "\n";
+  return out.str();
+}
+
+}  // namespace mcprun
