@@ -52,7 +52,8 @@ std::string doctor_description() {
          "found and, for WARN and FAIL, what to do: /dev/shm size, the interface that routes to\n"
          "the master or the rendezvous, MASTER_PORT and the rendezvous endpoint, inherited\n"
          "variables that fight mcprun or change NCCL, GPUs (NUMA, PCIe link width and speed),\n"
-         "RLIMIT_MEMLOCK, hostname resolution, and with --rdzv-endpoint the clock against the\n"
+         "RLIMIT_MEMLOCK, hostname resolution, inside a Slurm step what mcprun takes from it and\n"
+         "whether its first node answers, and with --rdzv-endpoint the clock against the\n"
          "rendezvous (WARN above " +
          seconds_text(kClockWarnAbove) + " s of skew, FAIL above " + seconds_text(kClockFailAbove) +
          " s).\n\n"
