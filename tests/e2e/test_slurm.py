@@ -121,7 +121,7 @@ else:
 
 # The training loop examples/slurm-job.sbatch's comments describe, with files that tell the test
 # what each rank saw. Files are named <what>.<SLURM_RESTART_COUNT>.<rank>.
-STEPS = 200
+STEPS = 100
 STEP_SECONDS = 0.02
 TRAIN = r"""
 import json, os, signal, socket, sys, time
