@@ -67,6 +67,11 @@ class FakeProbes : public DoctorProbes {
     return torch;
   }
   std::variant<TorchNccl, std::string> torch = TorchNccl{"1.13.0", "", "", "", {}, ""};
+  std::map<std::string, std::string> slurm_nodes;  ///< Node name -> the NodeAddr Slurm knows.
+  std::optional<std::string> slurm_node_address(const std::string& node) override {
+    if (!slurm_nodes.contains(node)) return std::nullopt;
+    return slurm_nodes.at(node);
+  }
 };
 
 /// A node with eth0 at 10.0.0.2 routing to a master at 10.0.0.1.
@@ -635,6 +640,112 @@ TEST_F(DoctorTest, NcclThatCannotLoadOrATorchThatCannotBeAskedWarns) {
   EXPECT_EQ(result.finding,
             "cannot ask python3 for torch's NCCL: cannot import torch: No module named 'torch'");
   EXPECT_NE(result.remedy.find("PYTHON_EXEC"), std::string::npos);
+}
+
+// --- 10. Slurm ---
+
+/// Node 1 of a two-node step of job 1234, as srun --ntasks-per-node=1 sets it.
+Environment slurm_step(int node_id) {
+  return {{"SLURM_JOB_ID", "1234"},         {"SLURM_STEP_ID", "0"},
+          {"SLURM_STEP_NUM_NODES", "2"},    {"SLURM_NODEID", std::to_string(node_id)},
+          {"SLURM_STEP_NODELIST", "n[1-2]"}, {"SLURM_STEP_TASKS_PER_NODE", "1(x2)"},
+          {"SLURM_STEP_GPUS", "0,1"}};
+}
+
+std::vector<std::string> names_of(const std::vector<CheckResult>& results) {
+  std::vector<std::string> names;
+  for (const CheckResult& result : results) names.push_back(result.name);
+  return names;
+}
+
+TEST_F(DoctorTest, SlurmIsSilentOutsideSlurm) {
+  EXPECT_TRUE(check_slurm(inputs, probes).empty());
+  inputs.env = slurm_step(1);
+  inputs.env["MCPRUN_SLURM"] = "0";  // mcprun ignores Slurm then, and so does its doctor.
+  EXPECT_TRUE(check_slurm(inputs, probes).empty());
+}
+
+TEST_F(DoctorTest, SlurmStepSaysWhatMcprunTakesAndReachesTheFirstNode) {
+  inputs.env = slurm_step(1);
+  probes.hosts["n1"] = {"10.0.0.1"};
+  probes.connect_result = {Outcome::kRefused, ""};
+  const auto results = check_slurm(inputs, probes);
+  ASSERT_EQ(names_of(results), (std::vector<std::string>{"slurm", "slurm-master"}));
+  EXPECT_EQ(results[0].status, CheckStatus::kOk);
+  EXPECT_EQ(results[0].finding.substr(0, results[0].finding.find(" (with")),
+            "Slurm job 1234 step 0, node 1 of 2: mcprun takes nnodes 2, node rank 1, master n1 "
+            "(10.0.0.1) port 21234, run id 1234.0, GPUs 0,1");
+  EXPECT_EQ(results[1].status, CheckStatus::kOk);
+  EXPECT_NE(results[1].finding.find("first node n1: 10.0.0.1 is reachable"), std::string::npos)
+      << results[1].finding;
+  EXPECT_EQ(probes.connected, std::vector<std::string>{"10.0.0.1:21234"});
+  probes.connect_result = {Outcome::kTimedOut, ""};
+  EXPECT_EQ(check_slurm(inputs, probes)[1].status, CheckStatus::kWarn);
+  probes.connect_result = {Outcome::kUnreachable, "No route to host"};
+  EXPECT_EQ(check_slurm(inputs, probes)[1].status, CheckStatus::kFail);
+}
+
+TEST_F(DoctorTest, SlurmNodeZeroIsTheMasterAndBindsItsPort) {
+  inputs.env = slurm_step(0);
+  probes.hosts["n1"] = {"10.0.0.2"};  // This node's own address.
+  auto results = check_slurm(inputs, probes);
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_EQ(results[1].status, CheckStatus::kOk);
+  EXPECT_NE(results[1].finding.find("21234 is free on this node"), std::string::npos);
+  EXPECT_TRUE(probes.connected.empty());
+  probes.bind_errno = EADDRINUSE;
+  probes.listener = "pid 77 (python3)";
+  EXPECT_EQ(check_slurm(inputs, probes)[1].status, CheckStatus::kFail);
+}
+
+TEST_F(DoctorTest, SlurmFirstNodeFallsBackToItsNodeAddrElseFails) {
+  inputs.env = slurm_step(1);
+  probes.slurm_nodes["n1"] = "10.0.0.1";  // getaddrinfo does not know n1; scontrol does.
+  auto results = check_slurm(inputs, probes);
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_NE(results[0].finding.find("master n1 (10.0.0.1) port 21234"), std::string::npos);
+  EXPECT_EQ(results[1].status, CheckStatus::kOk);
+  probes.slurm_nodes.clear();
+  results = check_slurm(inputs, probes);
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_NE(results[0].finding.find("master n1 (no address)"), std::string::npos);
+  EXPECT_EQ(results[1].status, CheckStatus::kFail);
+  EXPECT_NE(results[1].remedy.find("--master-addr"), std::string::npos);
+}
+
+TEST_F(DoctorTest, SlurmMoreThanOneTaskPerNodeWarns) {
+  inputs.env = slurm_step(0);
+  inputs.env["SLURM_STEP_TASKS_PER_NODE"] = "2";
+  inputs.env["SLURM_STEP_NUM_NODES"] = "1";
+  inputs.env["SLURM_STEP_NODELIST"] = "n1";
+  probes.hosts["n1"] = {"10.0.0.2"};
+  auto results = check_slurm(inputs, probes);
+  ASSERT_EQ(names_of(results), (std::vector<std::string>{"slurm", "slurm", "slurm-master"}));
+  EXPECT_EQ(results[1].status, CheckStatus::kWarn);
+  EXPECT_NE(results[1].finding.find("2 tasks on one node"), std::string::npos);
+  EXPECT_NE(results[1].remedy.find("srun --ntasks-per-node=1 mcprun"), std::string::npos);
+}
+
+TEST_F(DoctorTest, SlurmJobOutsideAStepWarnsAndAMalformedVariableFails) {
+  inputs.env = {{"SLURM_JOB_ID", "1234"}};  // The batch script's own shell.
+  CheckResult outside = only(check_slurm(inputs, probes));
+  EXPECT_EQ(outside.status, CheckStatus::kWarn);
+  EXPECT_NE(outside.finding.find("outside a step"), std::string::npos);
+  inputs.env = slurm_step(0);
+  inputs.env["SLURM_NODEID"] = "first";
+  CheckResult malformed = only(check_slurm(inputs, probes));
+  EXPECT_EQ(malformed.status, CheckStatus::kFail);
+  EXPECT_NE(malformed.finding.find("SLURM_NODEID=first"), std::string::npos);
+}
+
+TEST_F(DoctorTest, SlurmChecksComeAfterTheEndpoints) {
+  inputs.env = slurm_step(1);
+  probes.hosts["n1"] = {"10.0.0.1"};
+  std::vector<std::string> names;
+  for (const CheckResult& result : run_checks(inputs, probes))
+    if (names.empty() || names.back() != result.name) names.push_back(result.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"shm", "interface", "slurm", "slurm-master",
+                                            "environment", "gpus", "memlock", "hostname"}));
 }
 
 TEST(DoctorEndpoint, ParsesHostPortBracketsAndUnix) {

@@ -35,8 +35,9 @@
 #include "common/sys.hpp"
 #include "common/topology.hpp"
 #include "common/unique_fd.hpp"
-#include "launcher/process/process_control.hpp"
+#include "launcher/config/slurm.hpp"
 #include "launcher/plan/rank_plan.hpp"
+#include "launcher/process/process_control.hpp"
 
 namespace mcprun {
 namespace fs = std::filesystem;
@@ -52,7 +53,8 @@ std::string doctor_description() {
          "found and, for WARN and FAIL, what to do: /dev/shm size, the interface that routes to\n"
          "the master or the rendezvous, MASTER_PORT and the rendezvous endpoint, inherited\n"
          "variables that fight mcprun or change NCCL, GPUs (NUMA, PCIe link width and speed),\n"
-         "RLIMIT_MEMLOCK, hostname resolution, and with --rdzv-endpoint the clock against the\n"
+         "RLIMIT_MEMLOCK, hostname resolution, inside a Slurm step what mcprun takes from it and\n"
+         "whether its first node answers, and with --rdzv-endpoint the clock against the\n"
          "rendezvous (WARN above " +
          seconds_text(kClockWarnAbove) + " s of skew, FAIL above " + seconds_text(kClockFailAbove) +
          " s).\n\n"
@@ -798,6 +800,78 @@ std::vector<CheckResult> check_nccl(const DoctorInputs& inputs, DoctorProbes& pr
                        (torch.shipped.empty() ? "" : ", the version it ships with"))};
 }
 
+std::optional<std::string> DoctorProbes::slurm_node_address(const std::string& node) {
+  return resolve_slurm_host(node);
+}
+
+std::vector<CheckResult> check_slurm(const DoctorInputs& inputs, DoctorProbes& probes) {
+  const std::string name = "slurm";
+  auto detected = detect_slurm_step(inputs.env);
+  if (auto* error = std::get_if<std::string>(&detected))
+    return {fail(name, *error + ": mcprun would refuse to start (exit 2)",
+                 "start it as srun --ntasks-per-node=1 mcprun ..., or ignore Slurm with --no-slurm")};
+  const auto* step = std::get_if<SlurmStep>(&detected);
+  if (!step) {
+    auto job = inputs.env.find("SLURM_JOB_ID");
+    auto off = inputs.env.find("MCPRUN_SLURM");
+    if (job == inputs.env.end() || job->second.empty() ||
+        (off != inputs.env.end() && off->second == "0"))
+      return {};
+    // The batch script's shell has the job but no step: mcprun there is one node on its own.
+    return {warn(name,
+                 "Slurm job " + job->second +
+                     ", but outside a step (the batch script or salloc's shell): mcprun would take "
+                     "nothing from Slurm here and start this node's workers alone",
+                 "start it on every node with srun --ntasks-per-node=1 mcprun ...")};
+  }
+  const std::string where = "Slurm job " + step->job_id + " step " + step->step_id + ", node " +
+                            std::to_string(step->node_id) + " of " + std::to_string(step->nnodes);
+  const std::string port = std::to_string(step->master_port());
+  std::vector<std::string> taken = {"nnodes " + std::to_string(step->nnodes),
+                                    "node rank " + std::to_string(step->node_id)};
+  std::optional<std::string> address;
+  if (!step->hosts.empty()) {
+    const std::string& first = step->hosts.front();
+    const FirstAddress found = first_address(first, probes);
+    address = found.error.empty() ? std::optional(found.address) : probes.slurm_node_address(first);
+    taken.push_back("master " + first + " (" + address.value_or("no address") + ") port " + port);
+  }
+  taken.push_back("run id " + step->run_id());
+  taken.push_back("GPUs " + step->gpus.value_or("none"));
+  std::vector<CheckResult> results = {
+      ok(name, where + ": mcprun takes " + join(taken, ", ") +
+                   " (with --rdzv-backend c10d node 0 hosts the rendezvous at that address and "
+                   "port; a flag or PET_* variable wins over Slurm)")};
+  if (step->max_tasks_per_node > 1)
+    results.push_back(warn(name,
+                           "Slurm started " + std::to_string(step->max_tasks_per_node) +
+                               " tasks on one node: mcprun refuses to start (exit 2), since each "
+                               "task would start every worker",
+                           "run one task per node: srun --ntasks-per-node=1 mcprun ... (or "
+                           "--no-slurm)"));
+  if (step->hosts.empty()) return results;
+  const std::string& first = step->hosts.front();
+  if (!address) {
+    results.push_back(fail("slurm-master",
+                           "Slurm's first node " + first +
+                               " resolves to no address (getaddrinfo, scontrol show node): mcprun "
+                               "would refuse to start",
+                           "add " + first + " to /etc/hosts or DNS, or give --master-addr (or "
+                           "--rdzv-endpoint) yourself"));
+    return results;
+  }
+  // The master-port check, aimed where Slurm points mcprun: a bind on node 0, a connect elsewhere.
+  DoctorInputs master = inputs;
+  master.master_addr = *address;
+  master.master_port = port;
+  for (CheckResult result : check_master_port(master, probes)) {
+    result.name = "slurm-master";
+    result.finding = "first node " + first + ": " + result.finding;
+    results.push_back(std::move(result));
+  }
+  return results;
+}
+
 std::vector<CheckResult> run_checks(const DoctorInputs& inputs, DoctorProbes& probes) {
   std::vector<CheckResult> results;
   auto append = [&](std::vector<CheckResult> more) {
@@ -807,6 +881,7 @@ std::vector<CheckResult> run_checks(const DoctorInputs& inputs, DoctorProbes& pr
   results.push_back(check_interface(inputs, probes));
   append(check_master_port(inputs, probes));
   append(check_rdzv_endpoint(inputs, probes));
+  append(check_slurm(inputs, probes));
   append(check_environment(inputs, probes));
   append(check_gpus(inputs));
   results.push_back(check_memlock(inputs));

@@ -135,6 +135,9 @@ class DoctorProbes {
   /// kTorchProbeTimeout; an error line when it cannot.
   virtual std::variant<TorchNccl, std::string> torch_nccl(const std::string& python,
                                                           const Environment& env) = 0;
+  /// The address of a Slurm node that getaddrinfo does not know: its NodeAddr (scontrol show
+  /// node), as mcprun itself falls back to; nullopt when Slurm does not know it either.
+  virtual std::optional<std::string> slurm_node_address(const std::string& node);
 };
 
 /// The real system: statvfs, getaddrinfo, sockets, /proc.
@@ -175,6 +178,11 @@ std::vector<CheckResult> check_clock(const DoctorInputs& inputs, DoctorProbes& p
 /// 9. The NCCL torch runs against the one it ships with: a system libnccl picked up through
 /// LD_LIBRARY_PATH or LD_PRELOAD is a known cause of silent stalls. Empty when no python is set.
 std::vector<CheckResult> check_nccl(const DoctorInputs& inputs, DoctorProbes& probes);
+
+/// 10. Inside a Slurm step: what mcprun would take from it (nnodes, node rank, master and port,
+/// run id, GPUs), whether the first node's address answers, and a WARN for more than one task per
+/// node. A WARN in a Slurm job outside any step; empty outside Slurm.
+std::vector<CheckResult> check_slurm(const DoctorInputs& inputs, DoctorProbes& probes);
 
 /// Every check, in the order the report prints them.
 std::vector<CheckResult> run_checks(const DoctorInputs& inputs, DoctorProbes& probes);
