@@ -10,6 +10,7 @@ packages=(
   python3 python3-torch  # Debian's torch 1.13: the example, the end-to-end tests, torchrun to compare
   python3-venv           # .venv: torch 2.13, its torchrun, and py-spy for stack dumps
   iproute2 procps
+  gdb                    # stack dumps on a stall where py-spy is missing; stack_dump_test runs it
   clang-14 libclang-rt-14-dev  # scripts/fuzz.sh: libFuzzer with ASan and UBSan
   slurm-wlm slurmctld slurmd slurm-client munge  # tests/e2e/test_slurm.py: a real controller and two nodes
 )

@@ -1,6 +1,7 @@
 #include "launcher/store/tcp_store.hpp"
 
 #include <gtest/gtest.h>
+#include <poll.h>
 
 #include <boost/asio/connect.hpp>
 #include <boost/asio/read.hpp>
@@ -389,6 +390,10 @@ TEST_F(TcpStoreServerTest, DestroyingTheServerWithWorkInFlightIsSafe) {
   EXPECT_TRUE(serve_until([&] { return server->connection_count() == 2; }));
   server.reset();  // Reads, an accept and a wait are still pending.
   io.run_for(std::chrono::milliseconds(50));
+  // A deadline on the read: a server that left the connection open fails here instead of hanging.
+  pollfd readable{waiting.native_handle(), POLLIN, 0};
+  ASSERT_EQ(::poll(&readable, 1, 5000), 1)
+      << "the destroyed server's connection is still open after 5 s";
   char byte;
   boost::system::error_code ec;
   asio::read(waiting, asio::buffer(&byte, 1), ec);

@@ -1,6 +1,7 @@
 """Shared pieces of the end-to-end tests: the built binary, temp dirs, and waits with deadlines."""
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +26,17 @@ def wait_for(condition, timeout, interval=0.02):
         if value or time.monotonic() >= deadline:
             return value
         time.sleep(interval)
+
+
+def reserve_port(test):
+    """A loopback port held until `test` ends, as mcprun reserves its own: bound with SO_REUSEADDR
+    and never listened on, so no bind(0) is handed it and a connect is refused, while a server
+    that sets SO_REUSEADDR (mcprun, rendezvousd) can still listen there. No close-and-hope gap."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    test.addCleanup(sock.close)
+    return sock.getsockname()[1]
 
 
 def alive(pid):

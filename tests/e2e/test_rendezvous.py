@@ -13,7 +13,7 @@ import time
 import unittest
 
 from fake_sysfs import make_tree
-from harness import MCPRUN, PYTHON, REPO, LauncherTestCase, alive, wait_for
+from harness import MCPRUN, PYTHON, REPO, LauncherTestCase, alive, reserve_port, wait_for
 
 RENDEZVOUSD = os.environ.get("RENDEZVOUSD", os.path.join(os.path.dirname(MCPRUN), "../rendezvousd/rendezvousd"))
 
@@ -188,18 +188,13 @@ class Rendezvous(RendezvousTestCase):
             sock.close()
 
     def test_wrong_endpoint_fails_fast_with_one_line(self):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        self.endpoint = f"127.0.0.1:{port}"
+        self.endpoint = f"127.0.0.1:{reserve_port(self)}"
         code, _, err = self.finish([self.agent("n0", "--rdzv-conf", "is_host=false")])[0]
         self.assertEqual(code, 75)
         self.assertIn("cannot reach rendezvous", err)
 
     def test_c10d_without_a_daemon_hosts_the_rendezvous_in_the_first_agent(self):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = reserve_port(self)
         self.endpoint = f"127.0.0.1:{port}"
         # The node at the endpoint hosts it; the others arrive a moment later as its clients.
         host = self.agent("n0", extra_env={"BEHAVIOUR_0": "sleep 1"})

@@ -2,6 +2,7 @@
 datagram socket standing in for systemd, SIGTERM and SIGHUP, and Prometheus metrics over HTTP."""
 import os
 import re
+import select
 import signal
 import socket
 import subprocess
@@ -83,6 +84,22 @@ class ServiceTestCase(RendezvousTestCase):
         return [self.agent(f"{job}-n{i}", *args, job=job, nnodes=nnodes, nproc="1", **kwargs)
                 for i in range(int(nnodes))]
 
+    @staticmethod
+    def stderr_until(proc, text, timeout):
+        """What `proc` wrote to stderr until `text` appeared or `timeout` passed. Read from the raw
+        descriptor, so a later communicate() returns the rest."""
+        seen = b""
+        deadline = time.monotonic() + timeout
+        while text.encode() not in seen and time.monotonic() < deadline:
+            ready, _, _ = select.select([proc.stderr], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                break
+            chunk = os.read(proc.stderr.fileno(), 65536)
+            if not chunk:
+                break
+            seen += chunk
+        return seen.decode(errors="replace")
+
 
 class Notify(ServiceTestCase):
     def test_ready_watchdog_status_and_stopping_reach_systemd(self):
@@ -127,16 +144,19 @@ class Lifecycle(ServiceTestCase):
         self.assertEqual(self.daemon.wait(timeout=10), 0, self.read_log())
         self.assertLess(time.monotonic() - started, 3)
         self.assertEqual(forming.wait(timeout=10), 75)  # A round that never formed has nothing to keep.
-        time.sleep(1)  # Long enough for an agent that was told something destructive to act on it.
+        # Each agent has handled the lost connection, where it would have stopped its workers.
+        kept = "the workers keep running while this node reconnects"
+        early = [self.stderr_until(proc, kept, timeout=10) for proc in agents]
+        for text in early:
+            self.assertIn(kept, text)
         self.assertTrue(all(alive(pid) for pid in workers), "a worker was stopped by the daemon's exit")
         self.assertTrue(all(proc.poll() is None for proc in agents))
 
         self.start_service("stop_timeout_s: 3\n", listen=self.endpoint)
         self.assertTrue(wait_for(lambda: "(2 of 2 node(s))" in self.read_log(), 30), self.read_log())
         open(os.path.join(self.tmp, "go"), "w").close()
-        for code, _, err in self.finish(agents):
-            self.assertEqual(code, 0, err)
-            self.assertIn("the workers keep running while this node reconnects", err)
+        for (code, _, err), text in zip(self.finish(agents), early):
+            self.assertEqual(code, 0, text + err)
         self.assertEqual(sorted(self.pids()), sorted(workers), "a worker was restarted")
 
     def test_sighup_keeps_the_old_config_when_the_new_one_is_bad_and_applies_a_good_one(self):
