@@ -72,18 +72,18 @@ std::string describe_cpus(const std::vector<int>& cpus) {
 /// The NUMA node torch binds a GPU's worker to. A GPU without one (numa_node -1) is on the only
 /// node when there is just one, as torch assumes; with several nodes guessing node 0 as torch
 /// does could bind to the wrong socket, so that is an error.
-std::variant<int, std::string> gpu_numa_node(const GpuDevice& gpu, const CpuTopology& topology) {
+Expected<int> gpu_numa_node(const GpuDevice& gpu, const CpuTopology& topology) {
   if (gpu.numa_node >= 0) {
     if (!topology.numa_nodes.contains(gpu.numa_node))
-      return "GPU " + gpu.bus_id + " is on NUMA node " + std::to_string(gpu.numa_node) +
-             ", which has no devices/system/node/node" + std::to_string(gpu.numa_node) +
-             "/cpulist in sysfs";
+      return Error{"GPU " + gpu.bus_id + " is on NUMA node " + std::to_string(gpu.numa_node) +
+                   ", which has no devices/system/node/node" + std::to_string(gpu.numa_node) +
+                   "/cpulist in sysfs"};
     return gpu.numa_node;
   }
   if (topology.numa_nodes.size() == 1) return topology.numa_nodes.begin()->first;
-  return "GPU " + gpu.bus_id + " reports no NUMA node (numa_node -1) and this machine has " +
-         std::to_string(topology.numa_nodes.size()) +
-         " NUMA nodes, so there is no node to bind its worker to; run without --numa-binding";
+  return Error{"GPU " + gpu.bus_id + " reports no NUMA node (numa_node -1) and this machine has " +
+               std::to_string(topology.numa_nodes.size()) +
+               " NUMA nodes, so there is no node to bind its worker to; run without --numa-binding"};
 }
 
 /// The CPUs of NUMA node `node` that the launcher may use, sorted.
@@ -112,8 +112,7 @@ std::pair<size_t, size_t> relative_index(const GpuDevice& gpu, int node,
   std::vector<std::pair<int, std::string>> peers{{gpu.pci_index, gpu.bus_id}};
   for (const GpuDevice& other : node_gpus) {
     auto other_node = gpu_numa_node(other, topology);
-    if (other.bus_id != gpu.bus_id && std::holds_alternative<int>(other_node) &&
-        std::get<int>(other_node) == node)
+    if (other.bus_id != gpu.bus_id && other_node && *other_node == node)
       peers.emplace_back(other.pci_index, other.bus_id);
   }
   std::sort(peers.begin(), peers.end());
@@ -129,8 +128,8 @@ std::map<int, std::vector<int>> group_by(const std::vector<int>& cpus, KeyOf key
   return groups;
 }
 
-std::variant<std::vector<int>, std::string> socket_cpus(int node, const std::vector<int>& here,
-                                                        const CpuTopology& topology) {
+Expected<std::vector<int>> socket_cpus(int node, const std::vector<int>& here,
+                                      const CpuTopology& topology) {
   // Torch names a node's socket by the package of its lowest allowed CPU.
   auto package_of = [&](int cpu) {
     const LogicalCpu* info = find_cpu(cpu, topology);
@@ -138,8 +137,8 @@ std::variant<std::vector<int>, std::string> socket_cpus(int node, const std::vec
   };
   const int package = package_of(here.front());
   if (package < 0)
-    return "cannot tell the socket of NUMA node " + std::to_string(node) + ": cpu" +
-           std::to_string(here.front()) + " has no topology/physical_package_id in sysfs";
+    return Error{"cannot tell the socket of NUMA node " + std::to_string(node) + ": cpu" +
+                 std::to_string(here.front()) + " has no topology/physical_package_id in sysfs"};
   std::vector<int> cpus;
   for (const auto& [other, ignored] : topology.numa_nodes) {
     // Nodes with no allowed CPU (memory-only, or outside the cgroup) add nothing; torch raises.
@@ -151,9 +150,9 @@ std::variant<std::vector<int>, std::string> socket_cpus(int node, const std::vec
   return cpus;
 }
 
-std::variant<std::vector<int>, std::string> exclusive_cpus(int node, const std::vector<int>& here,
-                                                           std::pair<size_t, size_t> place,
-                                                           const CpuTopology& topology) {
+Expected<std::vector<int>> exclusive_cpus(int node, const std::vector<int>& here,
+                                         std::pair<size_t, size_t> place,
+                                         const CpuTopology& topology) {
   // A CPU with no thread_siblings_list is a core of its own.
   auto cores = group_by(here, [&](int cpu) {
     const LogicalCpu* info = find_cpu(cpu, topology);
@@ -161,9 +160,9 @@ std::variant<std::vector<int>, std::string> exclusive_cpus(int node, const std::
   });
   const auto [self, gpus] = place;
   if (cores.size() < gpus)
-    return "NUMA node " + std::to_string(node) + " has " + std::to_string(cores.size()) +
-           " physical cores this launcher may use but " + std::to_string(gpus) +
-           " GPUs; --numa-binding=exclusive needs a core per GPU (use node or socket)";
+    return Error{"NUMA node " + std::to_string(node) + " has " + std::to_string(cores.size()) +
+                 " physical cores this launcher may use but " + std::to_string(gpus) +
+                 " GPUs; --numa-binding=exclusive needs a core per GPU (use node or socket)"};
   // Lower relative indices take the cores left over from an even split, one each.
   const size_t per_gpu = cores.size() / gpus, extra = cores.size() % gpus;
   const size_t start = self * per_gpu + std::min(self, extra);
@@ -177,14 +176,14 @@ std::variant<std::vector<int>, std::string> exclusive_cpus(int node, const std::
   return cpus;
 }
 
-std::variant<std::vector<int>, std::string> core_complex_cpus(const std::vector<int>& here,
-                                                              std::pair<size_t, size_t> place,
-                                                              const CpuTopology& topology) {
+Expected<std::vector<int>> core_complex_cpus(const std::vector<int>& here,
+                                            std::pair<size_t, size_t> place,
+                                            const CpuTopology& topology) {
   for (int cpu : here) {
     const LogicalCpu* info = find_cpu(cpu, topology);
     if (!info || info->cache_group < 0)
-      return "--numa-binding=core-complex needs the cache tree in sysfs, but cpu" +
-             std::to_string(cpu) + " has no Unified or Data cache under cache/index*";
+      return Error{"--numa-binding=core-complex needs the cache tree in sysfs, but cpu" +
+                   std::to_string(cpu) + " has no Unified or Data cache under cache/index*"};
   }
   auto groups = group_by(here, [&](int cpu) { return find_cpu(cpu, topology)->cache_group; });
   // Torch's order: complexes with more allowed CPUs first, then by their lowest CPU.
@@ -249,18 +248,18 @@ CpuTopology read_cpu_topology(const fs::path& sysfs, std::optional<std::vector<i
   return topology;
 }
 
-std::variant<std::vector<int>, std::string> numa_binding_cpus(
+Expected<std::vector<int>> numa_binding_cpus(
     NumaBinding binding, const GpuDevice& gpu, const std::vector<GpuDevice>& node_gpus,
     const CpuTopology& topology) {
   auto node = gpu_numa_node(gpu, topology);
-  if (auto* error = std::get_if<std::string>(&node)) return *error;
-  const int numa_node = std::get<int>(node);
+  if (!node) return node.error();
+  const int numa_node = *node;
   std::vector<int> here = allowed_cpus_of(numa_node, topology);
   if (here.empty())
-    return "NUMA node " + std::to_string(numa_node) + " of GPU " + gpu.bus_id +
-           " has no CPU this launcher may run on (node CPUs: " +
-           describe_cpus(topology.numa_nodes.at(numa_node)) +
-           "; allowed: " + describe_cpus(topology.allowed) + ")";
+    return Error{"NUMA node " + std::to_string(numa_node) + " of GPU " + gpu.bus_id +
+                 " has no CPU this launcher may run on (node CPUs: " +
+                 describe_cpus(topology.numa_nodes.at(numa_node)) +
+                 "; allowed: " + describe_cpus(topology.allowed) + ")"};
   switch (binding) {
     case NumaBinding::kNode:
       return here;
@@ -273,7 +272,7 @@ std::variant<std::vector<int>, std::string> numa_binding_cpus(
       return core_complex_cpus(here, relative_index(gpu, numa_node, node_gpus, topology),
                                topology);
   }
-  return std::string("unknown --numa-binding mode");
+  return Error{"unknown --numa-binding mode"};
 }
 
 }  // namespace mcprun

@@ -2,6 +2,7 @@
 // (std::expected is C++23; this is the part of it mcprun uses.)
 #pragma once
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <variant>
@@ -30,6 +31,20 @@ class [[nodiscard]] Expected {
 
  private:
   std::variant<T, Error> state_;
+};
+
+/// Success with nothing to return (`return {};`), or an Error.
+template <>
+class [[nodiscard]] Expected<void> {
+ public:
+  Expected() = default;
+  Expected(Error error) : error_(std::move(error)) {}
+
+  explicit operator bool() const { return !error_.has_value(); }
+  const Error& error() const { return *error_; }
+
+ private:
+  std::optional<Error> error_;
 };
 
 }  // namespace mcprun

@@ -84,7 +84,7 @@ class Fields {
   /// The parsed message, or the first error.
   template <class Message>
   Parsed<Message> result(Message message) const {
-    if (error_) return *error_;
+    if (error_) return Error{*error_};
     return message;
   }
 
@@ -218,15 +218,15 @@ Parsed<JoinMessage> parse_join(const json& message) { return parse_join_fields(m
 
 Parsed<JoinMessage> parse_rejoin(const json& message) {
   auto parsed = parse_join_fields(message, "rejoin");
-  if (auto* join = std::get_if<JoinMessage>(&parsed)) {
+  if (parsed) {
     Fields fields(message, "rejoin");
     const json* assignment = fields.raw("assignment", true);
-    if (!assignment) return *fields.error();
+    if (!assignment) return Error{*fields.error()};
     Fields inner(*assignment, "rejoin: field \"assignment\"");
     AssignmentMessage held;
     read_assignment(inner, held);
-    if (inner.error()) return *inner.error();
-    join->assignment = held;
+    if (inner.error()) return Error{*inner.error()};
+    parsed->assignment = held;
   }
   return parsed;
 }
@@ -283,7 +283,7 @@ Parsed<RelayedNotice> parse_stall(const json& message) {
       .number("rank", rank, false, 0, kMaxCount);
   if (const json* arrived = fields.raw("arrived", false); arrived && !arrived->is_object())
     fields.fail("arrived", std::string("must be an object, not ") + kind_of(*arrived));
-  if (fields.error()) return *fields.error();
+  if (fields.error()) return Error{*fields.error()};
   notice.body = message;
   return notice;
 }
@@ -295,7 +295,7 @@ Parsed<RelayedNotice> parse_stall_report(const json& message) {
   const json* ranks = fields.raw("ranks", true);
   if (ranks && !ranks->is_array())
     fields.fail("ranks", std::string("must be an array, not ") + kind_of(*ranks));
-  if (fields.error()) return *fields.error();
+  if (fields.error()) return Error{*fields.error()};
   return RelayedNotice{message, ""};
 }
 
@@ -414,7 +414,7 @@ Parsed<std::vector<JobSummary>> parse_jobs_reply(const json& message) {
 Parsed<JobStatus> parse_status_reply(const json& message) {
   Fields outer(message, "status");
   const json* job = outer.raw("job", true);
-  if (!job) return *outer.error();
+  if (!job) return Error{*outer.error()};
   Fields fields(*job, "status: field \"job\"");
   JobStatus status;
   read_summary(fields, status.summary);

@@ -6,17 +6,26 @@
 
 #include <nlohmann/json.hpp>
 
+#include <chrono>
 #include <map>
 #include <optional>
 #include <string>
 #include <variant>
 #include <vector>
 
+#include "common/expected.hpp"
+
 namespace mcprun {
 
 /// A parsed message, or the one-line reason it was refused.
 template <class Message>
-using Parsed = std::variant<Message, std::string>;
+using Parsed = Expected<Message>;
+
+/// A round's limits when a join does not say (mcprun's --rdzv-conf defaults): torchrun's
+/// join_timeout and last_call_timeout, but finite and short (torchrun: 600 and 30 s), so that a
+/// missing node fails the launch in minutes rather than hanging it.
+inline constexpr std::chrono::seconds kDefaultJoinTimeout{120};
+inline constexpr std::chrono::seconds kDefaultLastCallTimeout{5};
 
 // ---- agent -> daemon ----
 
@@ -42,7 +51,8 @@ struct JoinMessage {
   int gpu_count = 0;   ///< Of the "gpus" list, which is only logged.
   std::map<std::string, std::string> labels;
   int min_nodes = 0, max_nodes = 0;
-  double join_timeout_s = 120, last_call_timeout_s = 5;
+  double join_timeout_s = kDefaultJoinTimeout.count();
+  double last_call_timeout_s = kDefaultLastCallTimeout.count();
   std::optional<AssignmentMessage> assignment;  ///< Set for "rejoin" only.
 };
 

@@ -14,16 +14,27 @@ namespace {
 
 namespace fs = std::filesystem;
 
-/// The pids of `leader`'s process group, the leader first.
-std::vector<pid_t> group_members(pid_t leader) {
-  std::vector<pid_t> members{leader};
+constexpr const char* kEstablished = "01";
+constexpr const char* kListening = "0A";
+
+/// Every process this user can see in /proc.
+std::vector<pid_t> process_ids() {
+  std::vector<pid_t> pids;
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator("/proc", ec)) {
     const std::string name = entry.path().filename();
-    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
-    const pid_t pid = std::stoi(name);
+    if (!name.empty() && name.find_first_not_of("0123456789") == std::string::npos)
+      pids.push_back(std::stoi(name));
+  }
+  return pids;
+}
+
+/// The pids of `leader`'s process group, the leader first.
+std::vector<pid_t> group_members(pid_t leader) {
+  std::vector<pid_t> members{leader};
+  for (pid_t pid : process_ids()) {
     if (pid == leader) continue;
-    std::ifstream stat(entry.path() / "stat");
+    std::ifstream stat(fs::path("/proc") / std::to_string(pid) / "stat");
     std::string line;
     if (!std::getline(stat, line)) continue;
     // Fields after the parenthesised command: state ppid pgrp ...
@@ -35,6 +46,7 @@ std::vector<pid_t> group_members(pid_t leader) {
   return members;
 }
 
+/// The inodes of `pid`'s open sockets; empty when its descriptors are hidden from this user.
 std::set<unsigned long> socket_inodes(pid_t pid) {
   std::set<unsigned long> inodes;
   std::error_code ec;
@@ -68,18 +80,18 @@ SocketEnd decode_end(const std::string& text) {
   return end;
 }
 
-constexpr const char* kEstablished = "01";
+/// One row of /proc/.../net/tcp{,6}.
+struct TcpSocket {
+  SocketEnd local, remote;
+  std::string state;  ///< The kernel's hex code: kEstablished, kListening, ...
+  unsigned long inode = 0;
+};
 
-}  // namespace
-
-std::vector<SocketEnd> connections_to_port(pid_t pid, int remote_port) {
-  std::set<unsigned long> inodes;
-  for (pid_t member : group_members(pid)) inodes.merge(socket_inodes(member));
-  std::vector<SocketEnd> ends;
-  if (inodes.empty()) return ends;
+/// Every TCP socket of the network namespace `net_dir` (/proc/PID/net) shows, IPv4 and IPv6.
+std::vector<TcpSocket> tcp_sockets(const fs::path& net_dir) {
+  std::vector<TcpSocket> sockets;
   for (const char* table : {"tcp", "tcp6"}) {
-    // The worker's own view: it may live in another network namespace than ours.
-    std::ifstream in(fs::path("/proc") / std::to_string(pid) / "net" / table);
+    std::ifstream in(net_dir / table);
     std::string line;
     std::getline(in, line);  // Header.
     while (std::getline(in, line)) {
@@ -89,11 +101,41 @@ std::vector<SocketEnd> connections_to_port(pid_t pid, int remote_port) {
       if (!(fields >> slot >> local >> remote >> state >> queues >> timer >> retransmits >> uid >>
             timeout >> inode))
         continue;
-      if (state != kEstablished || !inodes.contains(inode)) continue;
-      if (decode_end(remote).port == remote_port) ends.push_back(decode_end(local));
+      sockets.push_back({decode_end(local), decode_end(remote), state, inode});
     }
   }
+  return sockets;
+}
+
+}  // namespace
+
+std::vector<SocketEnd> connections_to_port(pid_t pid, int remote_port) {
+  std::set<unsigned long> inodes;
+  for (pid_t member : group_members(pid)) inodes.merge(socket_inodes(member));
+  std::vector<SocketEnd> ends;
+  if (inodes.empty()) return ends;
+  // The worker's own view: it may live in another network namespace than ours.
+  for (const TcpSocket& socket : tcp_sockets(fs::path("/proc") / std::to_string(pid) / "net"))
+    if (socket.state == kEstablished && inodes.contains(socket.inode) &&
+        socket.remote.port == remote_port)
+      ends.push_back(socket.local);
   return ends;
+}
+
+std::optional<PortListener> listener_on_port(int port) {
+  std::set<unsigned long> listening;
+  for (const TcpSocket& socket : tcp_sockets("/proc/self/net"))
+    if (socket.state == kListening && socket.local.port == port) listening.insert(socket.inode);
+  if (listening.empty()) return std::nullopt;
+  for (pid_t pid : process_ids()) {
+    for (unsigned long inode : socket_inodes(pid)) {
+      if (!listening.contains(inode)) continue;
+      std::string command;
+      std::getline(std::ifstream(fs::path("/proc") / std::to_string(pid) / "comm"), command);
+      return PortListener{pid, command};
+    }
+  }
+  return PortListener{};
 }
 
 }  // namespace mcprun

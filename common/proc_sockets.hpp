@@ -1,9 +1,11 @@
-// Which of a process's TCP connections go to a given port, read from /proc: how an agent tells
-// which store connection belongs to which of its ranks (the store protocol carries no rank).
+// TCP sockets and their owners, read from /proc: which of a process's connections go to a given
+// port (how an agent tells which store connection belongs to which of its ranks: the store
+// protocol carries no rank), and which process listens on a port (the doctor's master-port check).
 #pragma once
 
 #include <sys/types.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,5 +21,14 @@ struct SocketEnd {
 /// The local ends of the established TCP connections to `remote_port` held by `pid` or by any
 /// process of its process group (a worker's children share its group).
 std::vector<SocketEnd> connections_to_port(pid_t pid, int remote_port);
+
+/// What holds a listening TCP socket.
+struct PortListener {
+  std::optional<pid_t> pid;  ///< nullopt: the socket's owner is hidden from this user.
+  std::string command;       ///< /proc/PID/comm: "python3".
+};
+
+/// Who listens on TCP `port` (IPv4 or IPv6) in this network namespace; nullopt when nothing does.
+std::optional<PortListener> listener_on_port(int port);
 
 }  // namespace mcprun

@@ -11,6 +11,7 @@
 #include <iostream>
 
 #include "common/descriptor_limit.hpp"
+#include "common/endpoint.hpp"
 #include "common/event_loop.hpp"
 #include "common/exit_status.hpp"
 #include "common/logging.hpp"
@@ -85,8 +86,8 @@ namespace {
 constexpr std::chrono::seconds kHostExitBarrierTimeout{60};
 
 /// torchrun's is_host guess: the endpoint names this machine.
-bool endpoint_is_local(const std::string& endpoint) {
-  const std::string host = endpoint.substr(0, endpoint.rfind(':'));
+bool endpoint_is_local(const Endpoint& endpoint) {
+  const std::string& host = endpoint.host;
   if (host == "localhost" || host == host_name()) return true;
   boost::system::error_code ec;
   auto address = boost::asio::ip::make_address(host, ec);
@@ -97,14 +98,10 @@ bool endpoint_is_local(const std::string& endpoint) {
 /// Hosts the rendezvous in-process when this node is the endpoint and nothing listens there yet.
 std::unique_ptr<RendezvousServer> host_embedded_rendezvous(boost::asio::io_context& io,
                                                            const LaunchConfig& config) {
-  if (!config.is_host.value_or(endpoint_is_local(config.rdzv_endpoint))) return nullptr;
-  const std::string& endpoint = config.rdzv_endpoint;
-  int port = -1;
-  try {
-    port = std::stoi(endpoint.substr(endpoint.rfind(':') + 1));
-  } catch (const std::exception&) {
-  }
-  if (port < 1 || port > 65535) return nullptr;
+  // A unix socket or a malformed endpoint is never hosted here; the client says what is wrong.
+  auto endpoint = parse_endpoint(config.rdzv_endpoint);
+  if (!endpoint || !config.is_host.value_or(endpoint_is_local(*endpoint))) return nullptr;
+  const int port = endpoint->port;
   try {
     auto server = std::make_unique<RendezvousServer>(
         io, boost::asio::ip::tcp::endpoint(boost::asio::ip::tcp::v4(), static_cast<unsigned short>(port)),
@@ -141,6 +138,18 @@ std::optional<std::filesystem::path> python_helper_dir() {
   auto dir = exe.parent_path().parent_path() / "share" / "mcprun" / "python";
   if (!std::filesystem::exists(dir / "mcprun" / "__init__.py", ec)) return std::nullopt;
   return dir;
+}
+
+/// What supervision adds for every worker: the watchdogs' files under `runtime_dir` and the
+/// helper module on PYTHONPATH. A run and --dry-run both add them here.
+void add_supervision_env(RankPlan& plan, const std::filesystem::path& runtime_dir,
+                         const Environment& inherited) {
+  for (auto& [name, value] : StallWatch::worker_env(runtime_dir)) plan.extra_env[name] = value;
+  if (auto helper = python_helper_dir()) {
+    auto inherited_path = inherited.find("PYTHONPATH");
+    plan.extra_env["PYTHONPATH"] =
+        helper->string() + (inherited_path == inherited.end() ? "" : ":" + inherited_path->second);
+  }
 }
 
 /// The job store's listening socket on MASTER_PORT: the socket mcprun reserved when it holds
@@ -185,12 +194,13 @@ void name_nccl_logs(const LaunchConfig& config, const AttemptResult& result, con
 std::optional<std::string> lease_endpoint(const Environment& inherited) {
   std::string endpoint = kDefaultDaemonEndpoint;
   if (auto chosen = inherited.find("MCPRUN_DAEMON"); chosen != inherited.end()) endpoint = chosen->second;
-  if (endpoint.rfind("unix:", 0) != 0) {
+  auto parsed = parse_endpoint(endpoint, kConnectRules);
+  if (!parsed || !parsed->is_unix()) {
     if (!endpoint.empty()) spdlog::warn("MCPRUN_DAEMON={}: GPU leases need unix:PATH; not leasing", endpoint);
     return std::nullopt;
   }
   std::error_code ec;
-  if (!std::filesystem::exists(endpoint.substr(5), ec)) return std::nullopt;
+  if (!std::filesystem::exists(parsed->unix_path, ec)) return std::nullopt;
   return endpoint;
 }
 
@@ -244,11 +254,11 @@ std::optional<int> Launch::lease_gpus(std::vector<GpuDevice>& gpus) {
   auto granted = lease_holder_->lease(
       {{"gpus", gpus_wanted(config_, gpus)}, {"wait_s", config_.gpu_wait}, {"job", config_.rdzv_id}},
       std::chrono::milliseconds(static_cast<long>(config_.gpu_wait * 1000)) + kRendezvousConnectTimeout);
-  if (auto* refused = std::get_if<std::string>(&granted)) {
-    spdlog::error("no GPU lease from rendezvousd at {}: {}", *endpoint, *refused);
+  if (!granted) {
+    spdlog::error("no GPU lease from rendezvousd at {}: {}", *endpoint, granted.error().message);
     return kExitRendezvous;
   }
-  const GrantedLease& lease = std::get<GrantedLease>(granted);
+  const GrantedLease& lease = *granted;
   std::erase_if(gpus, [&](const GpuDevice& gpu) {
     return std::find(lease.gpus.begin(), lease.gpus.end(), gpu.bus_id) == lease.gpus.end();
   });
@@ -260,19 +270,20 @@ std::optional<int> Launch::lease_gpus(std::vector<GpuDevice>& gpus) {
 std::optional<int> Launch::plan_ranks(std::vector<GpuDevice> gpus) {
   int master_port = config_.master_port.value_or(0);
   if (!config_.master_port) {
-    std::string error;
-    reservation_ = PortReservation::reserve(&error, leased_port_);
-    if (!reservation_) {
-      spdlog::error("cannot reserve a free MASTER_PORT: {}", error);
+    auto reserved = PortReservation::reserve(leased_port_);
+    if (!reserved) {
+      spdlog::error("cannot reserve a free MASTER_PORT: {}", reserved.error().message);
       return kExitFailure;
     }
+    reservation_ = std::move(*reserved);
     master_port = reservation_->port();
   }
   auto planned = build_rank_plan(config_, std::move(gpus), inherited_, master_port);
-  if (auto* error = std::get_if<UsageError>(&planned)) return usage_error(error->message);
-  plan_ = std::move(std::get<RankPlan>(planned));
+  if (!planned) return usage_error(planned.error().message);
+  plan_ = std::move(*planned);
   for (const auto& warning : plan_->warnings) spdlog::warn("{}", warning);
-  if (config_.dry_run) {
+  if (config_.dry_run) {  // What the workers would get, with the run's folder still unmade.
+    add_supervision_env(*plan_, kDryRunDir, inherited_);
     std::cout << format_rank_plan(*plan_, inherited_);
     return kExitSuccess;
   }
@@ -317,12 +328,7 @@ std::optional<int> Launch::prepare_supervision() {
                  "publish its process-group address instead", torch_keys::kInitBarrierSwitch);
   }
   watch_ = std::make_unique<StallWatch>(io_, stall, host_, run_dir_->runtime_dir());
-  for (auto& [name, value] : watch_->worker_env()) plan_->extra_env[name] = value;
-  if (auto helper = python_helper_dir()) {
-    auto inherited_path = inherited_.find("PYTHONPATH");
-    plan_->extra_env["PYTHONPATH"] =
-        helper->string() + (inherited_path == inherited_.end() ? "" : ":" + inherited_path->second);
-  }
+  add_supervision_env(*plan_, run_dir_->runtime_dir(), inherited_);
   group_ = std::make_unique<WorkerGroup>(io_, control_, *plan_, config_, inherited_);
   // --timeout: one deadline for the whole job, across rounds and restarts.
   if (config_.job_timeout > 0) {
@@ -365,11 +371,11 @@ bool Launch::join_round() {
   auto joined = client->join(
       join_, std::chrono::milliseconds(static_cast<long>(config_.join_timeout * 1000)) +
                  kRendezvousConnectTimeout);
-  if (auto* failure = std::get_if<std::string>(&joined)) {
-    spdlog::error("{}", *failure);
+  if (!joined) {
+    spdlog::error("{}", joined.error().message);
     return false;
   }
-  const Assignment& assignment = std::get<Assignment>(joined);
+  const Assignment& assignment = *joined;
   place_in_job(*plan_, assignment);
   if (auto interface = interface_for_address(client->local_address()))
     set_socket_interface(*plan_, *interface, inherited_);

@@ -52,19 +52,19 @@ int main(int argc, char** argv) {
     if (!args.empty() && args.front() == "hostnames") {  // As `scontrol show hostnames`.
       if (args.size() != 2) return usage_error("usage: mcprun hostnames 'n[1-4],gpu-[01-02]'");
       auto hosts = expand_hostlist(args[1]);
-      if (auto* error = std::get_if<std::string>(&hosts)) return usage_error(*error);
-      for (const auto& host : std::get<std::vector<std::string>>(hosts)) std::cout << host << "\n";
+      if (!hosts) return usage_error(hosts.error().message);
+      for (const auto& host : *hosts) std::cout << host << "\n";
       return kExitSuccess;
     }
     if (!args.empty() && args.front() == "doctor")
       return run_doctor({args.begin() + 1, args.end()});
-    ParseResult parsed = parse_launch_config(args);
-    if (auto* info = std::get_if<InfoRequest>(&parsed)) {
+    auto parsed = parse_launch_config(args);
+    if (!parsed) return usage_error(parsed.error().message);
+    if (auto* info = std::get_if<InfoRequest>(&*parsed)) {
       std::cout << info->text;
       return kExitSuccess;
     }
-    if (auto* error = std::get_if<UsageError>(&parsed)) return usage_error(error->message);
-    const LaunchConfig& config = std::get<LaunchConfig>(parsed);
+    const LaunchConfig& config = std::get<LaunchConfig>(*parsed);
     init_logging("mcprun", config.verbose);
     for (const auto& note : config.notes) spdlog::info("{}", note);
     RunSummary summary(config, host_name());

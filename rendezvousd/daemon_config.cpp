@@ -2,6 +2,8 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include "common/endpoint.hpp"
+
 #include <fstream>
 #include <functional>
 #include <map>
@@ -19,17 +21,18 @@ const std::map<std::string, spdlog::level::level_enum> kLogLevels{
 
 }  // namespace
 
-std::optional<std::string> load_daemon_config(const std::string& path, DaemonConfig& config) {
+Expected<void> load_daemon_config(const std::string& path, DaemonConfig& config) {
   YAML::Node root;
   try {
     root = YAML::LoadFile(path);
   } catch (const YAML::BadFile&) {
-    return path + ": cannot read the file";
+    return Error{path + ": cannot read the file"};
   } catch (const YAML::Exception& error) {
-    return path + ":" + std::to_string(error.mark.line + 1) + ": not valid YAML: " + error.msg;
+    return Error{path + ":" + std::to_string(error.mark.line + 1) +
+                 ": not valid YAML: " + error.msg};
   }
-  if (root.IsNull()) return std::nullopt;
-  if (!root.IsMap()) return path + ": expected a mapping of keys";
+  if (root.IsNull()) return {};
+  if (!root.IsMap()) return Error{path + ": expected a mapping of keys"};
 
   using Setter = std::function<void(const YAML::Node&)>;
   auto positive = [](double value) {
@@ -38,7 +41,7 @@ std::optional<std::string> load_daemon_config(const std::string& path, DaemonCon
   };
   auto endpoint = [](const YAML::Node& n) {
     const auto text = n.as<std::string>();
-    if (!parse_endpoint(text)) throw YAML::Exception(n.Mark(), "not IP:PORT");
+    if (!parse_listen_address(text)) throw YAML::Exception(n.Mark(), "not IP:PORT");
     return text;
   };
   const std::map<std::string, std::pair<const char*, Setter>> keys{
@@ -76,35 +79,31 @@ std::optional<std::string> load_daemon_config(const std::string& path, DaemonCon
     const std::string key = entry.first.as<std::string>();
     const std::string where = path + ":" + std::to_string(entry.first.Mark().line + 1);
     auto it = keys.find(key);
-    if (it == keys.end()) return where + ": unknown key '" + key + "'";
+    if (it == keys.end()) return Error{where + ": unknown key '" + key + "'"};
     try {
       it->second.second(entry.second);
     } catch (const YAML::Exception&) {
-      return where + ": '" + key + "' must be " + it->second.first;
+      return Error{where + ": '" + key + "' must be " + it->second.first};
     }
   }
-  return std::nullopt;
+  return {};
 }
 
-std::optional<boost::asio::ip::tcp::endpoint> parse_endpoint(const std::string& text) {
-  const auto colon = text.rfind(':');
-  if (colon == std::string::npos) return std::nullopt;
+Expected<boost::asio::ip::tcp::endpoint> parse_listen_address(const std::string& text) {
+  auto endpoint = parse_endpoint(text, kListenRules);
+  if (!endpoint) return endpoint.error();
   boost::system::error_code ec;
-  const auto address = boost::asio::ip::make_address(text.substr(0, colon), ec);
-  const std::string port = text.substr(colon + 1);
-  if (ec || port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos)
-    return std::nullopt;
-  const int number = std::stoi(port);
-  if (number > 65535) return std::nullopt;
-  return boost::asio::ip::tcp::endpoint(address, static_cast<unsigned short>(number));
+  const auto address = boost::asio::ip::make_address(endpoint->host, ec);
+  if (ec) return Error{"'" + text + "': expected IP:PORT (an address, not a host name)"};
+  return boost::asio::ip::tcp::endpoint(address, static_cast<unsigned short>(endpoint->port));
 }
 
-std::optional<std::string> load_token(DaemonConfig& config) {
-  if (config.token_file.empty()) return std::nullopt;
+Expected<void> load_token(DaemonConfig& config) {
+  if (config.token_file.empty()) return {};
   std::ifstream in(config.token_file);
   if (!in || !std::getline(in, config.server.token) || config.server.token.empty())
-    return "token file " + config.token_file + ": cannot read a token";
-  return std::nullopt;
+    return Error{"token file " + config.token_file + ": cannot read a token"};
+  return {};
 }
 
 }  // namespace mcprun

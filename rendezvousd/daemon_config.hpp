@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 
+#include "common/expected.hpp"
 #include "rendezvousd/rendezvous_server.hpp"
 
 namespace mcprun {
@@ -26,12 +27,13 @@ struct DaemonConfig {
 };
 
 /// Reads `path` into `config`; an error line naming the key, its line and what was expected.
-std::optional<std::string> load_daemon_config(const std::string& path, DaemonConfig& config);
+Expected<void> load_daemon_config(const std::string& path, DaemonConfig& config);
 
-/// "IP:PORT" (port 0: any) as an endpoint; nullopt when it is not one.
-std::optional<boost::asio::ip::tcp::endpoint> parse_endpoint(const std::string& text);
+/// "IP:PORT" or "[IPV6]:PORT" (port 0: any) to listen on; an error quoting `text` when it is
+/// not one (a host name is not: a listener binds an address).
+Expected<boost::asio::ip::tcp::endpoint> parse_listen_address(const std::string& text);
 
 /// Reads the token file into config.server.token; an error line when unreadable or empty.
-std::optional<std::string> load_token(DaemonConfig& config);
+Expected<void> load_token(DaemonConfig& config);
 
 }  // namespace mcprun

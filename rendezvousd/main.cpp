@@ -17,6 +17,7 @@
 #include "common/descriptor_limit.hpp"
 #include "common/exit_status.hpp"
 #include "common/logging.hpp"
+#include "common/version.hpp"
 #include "rendezvousd/daemon_config.hpp"
 #include "rendezvousd/metrics_http.hpp"
 #include "rendezvousd/rendezvous_server.hpp"
@@ -51,7 +52,8 @@ std::variant<StartupConfig, std::string> build_config(const DaemonFlags& flags) 
   StartupConfig built;
   DaemonConfig& config = built.config;
   if (!flags.config_file.empty())
-    if (auto error = load_daemon_config(flags.config_file, config)) return *error;
+    if (auto loaded = load_daemon_config(flags.config_file, config); !loaded)
+      return loaded.error().message;
   if (!flags.listen.empty()) config.listen = flags.listen;
   if (!flags.metrics_listen.empty()) config.metrics_listen = flags.metrics_listen;
   if (!flags.token_file.empty()) config.token_file = flags.token_file;
@@ -60,13 +62,14 @@ std::variant<StartupConfig, std::string> build_config(const DaemonFlags& flags) 
   if (flags.first_message_s > 0) config.server.first_message_timeout = seconds_to_ms(flags.first_message_s);
   if (flags.stop_timeout_s > 0) config.stop_timeout = seconds_to_ms(flags.stop_timeout_s);
   if (flags.verbose) config.log_level = spdlog::level::debug;
-  if (auto error = load_token(config)) return *error;
-  auto listen = parse_endpoint(config.listen);
-  if (!listen) return "listen " + config.listen + ": expected IP:PORT";
+  if (auto loaded = load_token(config); !loaded) return loaded.error().message;
+  auto listen = parse_listen_address(config.listen);
+  if (!listen) return "listen " + listen.error().message;
   built.listen = *listen;
   if (!config.metrics_listen.empty()) {
-    built.metrics = parse_endpoint(config.metrics_listen);
-    if (!built.metrics) return "metrics_listen " + config.metrics_listen + ": expected IP:PORT";
+    auto metrics = parse_listen_address(config.metrics_listen);
+    if (!metrics) return "metrics_listen " + metrics.error().message;
+    built.metrics = *metrics;
   }
   return built;
 }
@@ -132,6 +135,7 @@ int main(int argc, char** argv) {
                              kDefaultStopTimeout.count()))
       ->check(CLI::PositiveNumber);
   app.add_flag("-v,--verbose", flags.verbose, "Debug logging");
+  app.set_version_flag("--version", "rendezvousd " + mcprun_version());
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {

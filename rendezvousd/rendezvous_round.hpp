@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "common/messages.hpp"
+
 namespace mcprun {
 
 using Clock = std::chrono::steady_clock;
@@ -27,8 +29,8 @@ struct NodeInfo {
 struct RoundSettings {
   int min_nodes = 1;
   int max_nodes = 1;
-  std::chrono::milliseconds join_timeout{std::chrono::seconds(120)};
-  std::chrono::milliseconds last_call_timeout{std::chrono::seconds(5)};
+  std::chrono::milliseconds join_timeout{kDefaultJoinTimeout};
+  std::chrono::milliseconds last_call_timeout{kDefaultLastCallTimeout};
   std::vector<std::string> label_precedence{"rack", "switch"};
 };
 

@@ -134,8 +134,8 @@ namespace {
 template <class Message, class Handle>
 void parsed_or_refused(const std::shared_ptr<AgentSession>& session, Parsed<Message> parsed,
                        Handle handle) {
-  if (auto* error = std::get_if<std::string>(&parsed)) return session->refuse("malformed " + *error);
-  handle(std::get<Message>(parsed));
+  if (!parsed) return session->refuse("malformed " + parsed.error().message);
+  handle(*parsed);
 }
 
 }  // namespace

@@ -12,7 +12,7 @@ namespace {
 
 using testing::FakeSysfs;
 using Cpus = std::vector<int>;
-using Result = std::variant<Cpus, std::string>;
+using Result = Expected<Cpus>;
 
 Cpus range(int first, int last) {
   Cpus cpus;
@@ -34,14 +34,14 @@ Cpus without(Cpus cpus, const Cpus& gone) {
 }
 
 Cpus cpus_of(const Result& result) {
-  EXPECT_TRUE(std::holds_alternative<Cpus>(result)) << std::get<std::string>(result);
-  return std::holds_alternative<Cpus>(result) ? std::get<Cpus>(result) : Cpus{};
+  EXPECT_TRUE(result) << result.error().message;
+  return result ? *result : Cpus{};
 }
 
 std::string error_of(const Result& result) {
-  EXPECT_TRUE(std::holds_alternative<std::string>(result));
-  if (!std::holds_alternative<std::string>(result)) return "";
-  const std::string& error = std::get<std::string>(result);
+  EXPECT_FALSE(result);
+  if (result) return "";
+  const std::string& error = result.error().message;
   EXPECT_EQ(error.find('\n'), std::string::npos) << error;
   return error;
 }
@@ -156,7 +156,7 @@ TEST_F(TwoSocketMachine, ExclusiveWithFewerCoresThanGpusIsAnError) {
   std::string error = error_of(bind(NumaBinding::kExclusive, 0));
   EXPECT_NE(error.find("NUMA node 0 has 4 physical cores"), std::string::npos) << error;
   EXPECT_NE(error.find("5 GPUs"), std::string::npos) << error;
-  EXPECT_TRUE(std::holds_alternative<Cpus>(bind(NumaBinding::kNode, 0)));  // Others still work.
+  EXPECT_TRUE(bind(NumaBinding::kNode, 0));  // Others still work.
 }
 
 TEST_F(TwoSocketMachine, CoreComplexIsOneL3PerGpuWrappingAround) {

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "common/unique_fd.hpp"
+#include "common/version.hpp"
 #include "rendezvousd/rendezvous_server.hpp"
 #include "tests/fake_sysfs.hpp"
 
@@ -26,7 +27,7 @@ using namespace std::chrono_literals;
 /// Every probe answers what the test planted; nothing touches the live system.
 class FakeProbes : public DoctorProbes {
  public:
-  std::variant<FilesystemSpace, std::string> space = FilesystemSpace{24ull << 30, 24ull << 30};
+  Expected<FilesystemSpace> space = FilesystemSpace{24ull << 30, 24ull << 30};
   std::map<std::string, std::vector<std::string>> hosts = {{"localhost", {"127.0.0.1"}}};
   std::map<std::string, std::string> routes;      ///< Destination -> source address.
   std::map<std::string, std::string> interfaces;  ///< Local address -> interface.
@@ -34,18 +35,15 @@ class FakeProbes : public DoctorProbes {
   int bind_errno = 0;
   std::optional<std::string> listener;
   ConnectResult connect_result{Outcome::kRefused, ""};
-  std::variant<ClockReading, std::string> clock = ClockReading{};
+  Expected<ClockReading> clock = ClockReading{};
   std::vector<std::string> connected;  ///< Endpoints connect() was asked for.
 
-  std::variant<FilesystemSpace, std::string> filesystem_space(
-      const std::filesystem::path&) override {
-    return space;
-  }
-  std::variant<std::vector<std::string>, std::string> resolve(const std::string& host) override {
+  Expected<FilesystemSpace> filesystem_space(const std::filesystem::path&) override { return space; }
+  Expected<std::vector<std::string>> resolve(const std::string& host) override {
     if (hosts.contains(host)) return hosts.at(host);
     if (host.find_first_not_of("0123456789.") == std::string::npos)
       return std::vector<std::string>{host};
-    return std::string("Name or service not known");
+    return Error{"Name or service not known"};
   }
   std::optional<std::string> source_address(const std::string& address) override {
     if (!routes.contains(address)) return std::nullopt;
@@ -58,15 +56,13 @@ class FakeProbes : public DoctorProbes {
   std::vector<std::string> interface_names() override { return names; }
   int bind_error(int) override { return bind_errno; }
   std::optional<std::string> listener_on(int) override { return listener; }
-  ConnectResult connect(const PeerEndpoint& endpoint, std::chrono::milliseconds) override {
+  ConnectResult connect(const Endpoint& endpoint, std::chrono::milliseconds) override {
     connected.push_back(endpoint.text());
     return connect_result;
   }
-  std::variant<ClockReading, std::string> read_clock(const PeerEndpoint&) override { return clock; }
-  std::variant<TorchNccl, std::string> torch_nccl(const std::string&, const Environment&) override {
-    return torch;
-  }
-  std::variant<TorchNccl, std::string> torch = TorchNccl{"1.13.0", "", "", "", {}, ""};
+  Expected<ClockReading> read_clock(const Endpoint&) override { return clock; }
+  Expected<TorchNccl> torch_nccl(const std::string&, const Environment&) override { return torch; }
+  Expected<TorchNccl> torch = TorchNccl{"1.13.0", "", "", "", {}, ""};
   std::map<std::string, std::string> slurm_nodes;  ///< Node name -> the NodeAddr Slurm knows.
   std::optional<std::string> slurm_node_address(const std::string& node) override {
     if (!slurm_nodes.contains(node)) return std::nullopt;
@@ -134,7 +130,7 @@ TEST_F(DoctorTest, ShmThatIsLargeButFullPointsAtStaleSegments) {
 }
 
 TEST_F(DoctorTest, ShmThatIsMissingFailsAndOneWithoutSizeWarns) {
-  probes.space = std::string("statvfs(/dev/shm): No such file or directory");
+  probes.space = Error{"statvfs(/dev/shm): No such file or directory"};
   CheckResult missing = check_shm(inputs, probes);
   EXPECT_EQ(missing.status, CheckStatus::kFail);
   EXPECT_NE(missing.finding.find("No such file"), std::string::npos);
@@ -536,7 +532,7 @@ TEST_F(DoctorTest, ClockSkewThresholds) {
 
 TEST_F(DoctorTest, ClockThatCannotBeReadWarnsUnlessTheRendezvousIsHere) {
   inputs.rdzv_endpoint = "10.0.0.1:29400";
-  probes.clock = std::string("nothing listens at 10.0.0.1:29400");
+  probes.clock = Error{"nothing listens at 10.0.0.1:29400"};
   EXPECT_EQ(only(check_clock(inputs, probes)).status, CheckStatus::kWarn);
   inputs.rdzv_endpoint = "127.0.0.1:29400";
   EXPECT_EQ(only(check_clock(inputs, probes)).status, CheckStatus::kOk);
@@ -568,6 +564,7 @@ TEST_F(DoctorTest, ReportPrintsOneLinePerCheckAndRemediesIndented) {
   EXPECT_EQ(json["checks"][1]["remedy"], "move it");
   EXPECT_EQ(json["summary"]["warn"], 1);
   EXPECT_EQ(json["summary"]["exit_code"], 0);
+  EXPECT_EQ(json["summary"]["mcprun_version"], mcprun_version());
 }
 
 TEST_F(DoctorTest, RunChecksCoversEveryCheckInOrder) {
@@ -634,7 +631,7 @@ TEST_F(DoctorTest, TwoNcclLibrariesInOneProcessWarn) {
 TEST_F(DoctorTest, NcclThatCannotLoadOrATorchThatCannotBeAskedWarns) {
   probes.torch = TorchNccl{"2.4.0+cu121", "12.1", "", "libnccl.so.2: cannot open shared object file", {}, ""};
   EXPECT_EQ(nccl_finding(inputs, probes).status, CheckStatus::kWarn);
-  probes.torch = std::string("cannot import torch: No module named 'torch'");
+  probes.torch = Error{"cannot import torch: No module named 'torch'"};
   const CheckResult result = nccl_finding(inputs, probes);
   EXPECT_EQ(result.status, CheckStatus::kWarn);
   EXPECT_EQ(result.finding,
@@ -748,17 +745,17 @@ TEST_F(DoctorTest, SlurmChecksComeAfterTheEndpoints) {
                                             "environment", "gpus", "memlock", "hostname"}));
 }
 
-TEST(DoctorEndpoint, ParsesHostPortBracketsAndUnix) {
-  auto plain = std::get<PeerEndpoint>(parse_peer_endpoint("head:29400"));
-  EXPECT_EQ(plain.host, "head");
-  EXPECT_EQ(plain.port, 29400);
-  auto v6 = std::get<PeerEndpoint>(parse_peer_endpoint("[fd00::1]:29400"));
-  EXPECT_EQ(v6.host, "fd00::1");
-  EXPECT_EQ(v6.text(), "[fd00::1]:29400");
-  EXPECT_EQ(std::get<PeerEndpoint>(parse_peer_endpoint("unix:/run/r.sock")).unix_path,
-            "/run/r.sock");
-  for (const char* bad : {"head", ":29400", "head:0", "head:99999", "head:x", "unix:"})
-    EXPECT_TRUE(std::holds_alternative<std::string>(parse_peer_endpoint(bad))) << bad;
+TEST_F(DoctorTest, AMalformedRendezvousEndpointFailsNamingIt) {
+  inputs.rdzv_endpoint = "[fd00::1]";
+  const CheckResult result = only(check_rdzv_endpoint(inputs, probes));
+  EXPECT_EQ(result.status, CheckStatus::kFail);
+  EXPECT_EQ(result.finding,
+            "--rdzv-endpoint '[fd00::1]': expected HOST:PORT, [IPV6]:PORT or unix:PATH");
+  EXPECT_TRUE(check_clock(inputs, probes).empty());  // The endpoint check said why.
+  inputs.rdzv_endpoint = "[fd00::1]:29400";
+  probes.connect_result = {Outcome::kConnected, ""};
+  EXPECT_EQ(only(check_rdzv_endpoint(inputs, probes)).status, CheckStatus::kOk);
+  EXPECT_EQ(probes.connected.back(), "[fd00::1]:29400");
 }
 
 TEST(DoctorCommand, BadFlagsAreUsageErrors) {
@@ -824,17 +821,17 @@ TEST(SystemDoctorProbes, RoutesLoopbackOverLo) {
   EXPECT_EQ(probes.source_address("127.0.0.1"), "127.0.0.1");
   EXPECT_EQ(probes.interface_of("127.0.0.1"), "lo");
   auto localhost = probes.resolve("localhost");
-  ASSERT_TRUE(std::holds_alternative<std::vector<std::string>>(localhost));
-  EXPECT_FALSE(std::get<std::vector<std::string>>(localhost).empty());
-  EXPECT_TRUE(std::holds_alternative<std::string>(probes.resolve("no-such-host.invalid")));
+  ASSERT_TRUE(localhost);
+  EXPECT_FALSE(localhost->empty());
+  EXPECT_FALSE(probes.resolve("no-such-host.invalid"));
 }
 
 TEST(SystemDoctorProbes, MeasuresAFilesystem) {
   SystemDoctorProbes probes;
   auto space = probes.filesystem_space(std::filesystem::temp_directory_path());
-  ASSERT_TRUE(std::holds_alternative<FilesystemSpace>(space));
-  EXPECT_GT(std::get<FilesystemSpace>(space).total_bytes, 0u);
-  EXPECT_TRUE(std::holds_alternative<std::string>(probes.filesystem_space("/nonexistent/shm")));
+  ASSERT_TRUE(space);
+  EXPECT_GT(space->total_bytes, 0u);
+  EXPECT_FALSE(probes.filesystem_space("/nonexistent/shm"));
 }
 
 TEST(SystemDoctorProbes, ReadsTheRendezvousClockBeforeAnyJoin) {
@@ -848,8 +845,8 @@ TEST(SystemDoctorProbes, ReadsTheRendezvousClockBeforeAnyJoin) {
   auto reading = probes.read_clock({"127.0.0.1", port, ""});
   boost::asio::post(io, [&] { server.stop(); });
   loop.join();
-  ASSERT_TRUE(std::holds_alternative<ClockReading>(reading)) << std::get<std::string>(reading);
-  const ClockReading& clock = std::get<ClockReading>(reading);
+  ASSERT_TRUE(reading) << reading.error().message;
+  const ClockReading& clock = *reading;
   EXPECT_LT(std::chrono::abs(clock.skew), 1s) << "one host, one clock";
   EXPECT_GE(clock.rtt.count(), 0);
 }
@@ -857,9 +854,9 @@ TEST(SystemDoctorProbes, ReadsTheRendezvousClockBeforeAnyJoin) {
 TEST(SystemDoctorProbes, AsksDebiansTorchForItsNccl) {
   SystemDoctorProbes probes;
   auto torch = probes.torch_nccl("/usr/bin/python3", current_environment());
-  ASSERT_TRUE(std::holds_alternative<TorchNccl>(torch)) << std::get<std::string>(torch);
-  EXPECT_EQ(std::get<TorchNccl>(torch).torch_version.rfind("1.13", 0), 0u);
-  EXPECT_EQ(std::get<TorchNccl>(torch).cuda_version, "") << "Debian's torch is a CPU build";
+  ASSERT_TRUE(torch) << torch.error().message;
+  EXPECT_EQ(torch->torch_version.rfind("1.13", 0), 0u);
+  EXPECT_EQ(torch->cuda_version, "") << "Debian's torch is a CPU build";
 }
 
 TEST(SystemDoctorProbes, ReadsWhatTheInterpreterAnswersAndNamesOneThatDoesNot) {
@@ -875,25 +872,25 @@ TEST(SystemDoctorProbes, ReadsWhatTheInterpreterAnswersAndNamesOneThatDoesNot) {
       interpreter("cuda-python", R"(echo '{"torch": "2.4.0", "cuda": "12.1", "loaded": "2.18.1", )"
                                  R"("libraries": ["/usr/lib/libnccl.so.2"], "shipped": "2.20.5"}')"),
       current_environment());
-  ASSERT_TRUE(std::holds_alternative<TorchNccl>(answered)) << std::get<std::string>(answered);
-  EXPECT_EQ(std::get<TorchNccl>(answered).loaded, "2.18.1");
-  EXPECT_EQ(std::get<TorchNccl>(answered).shipped, "2.20.5");
-  EXPECT_EQ(std::get<TorchNccl>(answered).libraries, std::vector<std::string>{"/usr/lib/libnccl.so.2"});
+  ASSERT_TRUE(answered) << answered.error().message;
+  EXPECT_EQ(answered->loaded, "2.18.1");
+  EXPECT_EQ(answered->shipped, "2.20.5");
+  EXPECT_EQ(answered->libraries, std::vector<std::string>{"/usr/lib/libnccl.so.2"});
 
   auto silent = probes.torch_nccl(interpreter("silent-python", "exit 1"), current_environment());
-  ASSERT_TRUE(std::holds_alternative<std::string>(silent));
-  EXPECT_NE(std::get<std::string>(silent).find("printed no answer (nothing)"), std::string::npos);
+  ASSERT_FALSE(silent);
+  EXPECT_NE(silent.error().message.find("printed no answer (nothing)"), std::string::npos);
   auto missing = probes.torch_nccl((dir / "no-such-python").string(), current_environment());
-  ASSERT_TRUE(std::holds_alternative<std::string>(missing));
-  EXPECT_NE(std::get<std::string>(missing).find("No such file"), std::string::npos) << std::get<std::string>(missing);
+  ASSERT_FALSE(missing);
+  EXPECT_NE(missing.error().message.find("No such file"), std::string::npos) << missing.error().message;
 }
 
 TEST(SystemDoctorProbes, ReportsARefusedClock) {
   SystemDoctorProbes probes;
   Listener bound(/*listen=*/false);  // Holds a port nothing listens on.
   auto reading = probes.read_clock({"127.0.0.1", bound.port, ""});
-  ASSERT_TRUE(std::holds_alternative<std::string>(reading));
-  EXPECT_NE(std::get<std::string>(reading).find("nothing listens"), std::string::npos);
+  ASSERT_FALSE(reading);
+  EXPECT_NE(reading.error().message.find("nothing listens"), std::string::npos);
 }
 
 }  // namespace

@@ -20,16 +20,15 @@ class JobFileTest : public ::testing::Test {
     return path;
   }
   LaunchConfig parse_ok(std::vector<std::string> args) {
-    ParseResult result = parse_launch_config(args);
-    if (auto* error = std::get_if<UsageError>(&result)) ADD_FAILURE() << error->message;
-    return std::holds_alternative<LaunchConfig>(result) ? std::get<LaunchConfig>(result)
-                                                        : LaunchConfig{};
+    auto result = parse_launch_config(args);
+    if (!result) ADD_FAILURE() << result.error().message;
+    return result && std::holds_alternative<LaunchConfig>(*result) ? std::get<LaunchConfig>(*result)
+                                                                   : LaunchConfig{};
   }
   std::string parse_error(std::vector<std::string> args) {
-    ParseResult result = parse_launch_config(args);
-    auto* error = std::get_if<UsageError>(&result);
-    EXPECT_NE(error, nullptr);
-    return error ? error->message : "";
+    auto result = parse_launch_config(args);
+    EXPECT_FALSE(result);
+    return result ? "" : result.error().message;
   }
 
   testing::TempDir dir_{"job_file_test"};

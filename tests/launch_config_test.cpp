@@ -5,22 +5,32 @@
 
 #include <csignal>
 
+#include "common/version.hpp"
+
 namespace mcprun {
 namespace {
 
 LaunchConfig parse_ok(const std::vector<std::string>& args) {
-  ParseResult result = parse_launch_config(args);
-  if (auto* error = std::get_if<UsageError>(&result)) ADD_FAILURE() << error->message;
-  EXPECT_TRUE(std::holds_alternative<LaunchConfig>(result));
-  return std::holds_alternative<LaunchConfig>(result) ? std::get<LaunchConfig>(result)
-                                                      : LaunchConfig{};
+  auto result = parse_launch_config(args);
+  if (!result) ADD_FAILURE() << result.error().message;
+  const bool launch = result && std::holds_alternative<LaunchConfig>(*result);
+  EXPECT_TRUE(launch);
+  return launch ? std::get<LaunchConfig>(*result) : LaunchConfig{};
 }
 
 std::string parse_error(const std::vector<std::string>& args) {
-  ParseResult result = parse_launch_config(args);
-  EXPECT_TRUE(std::holds_alternative<UsageError>(result));
-  auto* error = std::get_if<UsageError>(&result);
-  return error ? error->message : "";
+  auto result = parse_launch_config(args);
+  EXPECT_FALSE(result);
+  return result ? "" : result.error().message;
+}
+
+/// The --help (or --version) text, or "" after a failed expectation.
+std::string info_text(const std::vector<std::string>& args) {
+  auto result = parse_launch_config(args);
+  EXPECT_TRUE(result && std::holds_alternative<InfoRequest>(*result));
+  return result && std::holds_alternative<InfoRequest>(*result)
+             ? std::get<InfoRequest>(*result).text
+             : "";
 }
 
 TEST(LaunchConfig, BothSpellingsAndShortFlag) {
@@ -96,9 +106,7 @@ TEST(LaunchConfig, ForkStartMethodWarnsAndIsIgnored) {
 }
 
 TEST(LaunchConfig, HelpShowsDefaultsAndFiniteTimeouts) {
-  ParseResult result = parse_launch_config({"--help"});
-  ASSERT_TRUE(std::holds_alternative<InfoRequest>(result));
-  const std::string& help = std::get<InfoRequest>(result).text;
+  const std::string help = info_text({"--help"});
   EXPECT_NE(help.find("--term-timeout"), std::string::npos);
   EXPECT_NE(help.find("10"), std::string::npos);
   EXPECT_NE(help.find("--nproc_per_node"), std::string::npos);
@@ -265,13 +273,16 @@ TEST(LaunchConfig, LogLinePrefixTemplateIsReadFromTheEnvironment) {
 }
 
 TEST(LaunchConfig, HelpNamesTorchrun2Flags) {
-  ParseResult result = parse_launch_config({"--help"});
-  ASSERT_TRUE(std::holds_alternative<InfoRequest>(result));
-  const std::string& help = std::get<InfoRequest>(result).text;
+  const std::string help = info_text({"--help"});
   for (const char* flag : {"--signals-to-handle", "--numa-binding", "--virtual-local-rank",
                            "--event-log-handler", "--logs-specs", "--shutdown-timeout",
                            "--duplicate-stdout-filters", "SIGUSR1", "core-complex"})
     EXPECT_NE(help.find(flag), std::string::npos) << flag;
+}
+
+TEST(LaunchConfig, VersionIsCMakesProjectVersion) {
+  EXPECT_EQ(info_text({"--version"}), "mcprun " + mcprun_version() + "\n");
+  EXPECT_EQ(mcprun_version(), MCPRUN_PROJECT_VERSION);
 }
 
 }  // namespace

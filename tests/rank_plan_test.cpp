@@ -47,8 +47,8 @@ TEST_F(RankPlanTest, LocalRanksFollowTopologyAndPinOneGpuEach) {
   LaunchConfig cfg = config(4);
   cfg.bind = LaunchConfig::CpuBind::kNuma;
   auto planned = build_rank_plan(cfg, interleaved_box(), env_, 29500);
-  ASSERT_TRUE(std::holds_alternative<RankPlan>(planned));
-  const RankPlan& plan = std::get<RankPlan>(planned);
+  ASSERT_TRUE(planned);
+  const RankPlan& plan = *planned;
   ASSERT_TRUE(plan.pinned);
   std::vector<std::string> order;
   for (const RankSlot& slot : plan.slots) order.push_back(slot.identity.gpu->bus_id);
@@ -66,13 +66,13 @@ TEST_F(RankPlanTest, LocalRanksFollowTopologyAndPinOneGpuEach) {
 
 TEST_F(RankPlanTest, MoreRanksThanGpusNeedsNoPin) {
   auto planned = build_rank_plan(config(5), interleaved_box(), env_, 1);
-  ASSERT_TRUE(std::holds_alternative<UsageError>(planned));
-  EXPECT_NE(std::get<UsageError>(planned).message.find("--no-pin"), std::string::npos);
+  ASSERT_FALSE(planned);
+  EXPECT_NE(planned.error().message.find("--no-pin"), std::string::npos);
   LaunchConfig cfg = config(5);
   cfg.no_pin = true;
   auto unpinned = build_rank_plan(cfg, interleaved_box(), env_, 1);
-  ASSERT_TRUE(std::holds_alternative<RankPlan>(unpinned));
-  EXPECT_FALSE(std::get<RankPlan>(unpinned).slots[0].identity.gpu);
+  ASSERT_TRUE(unpinned);
+  EXPECT_FALSE(unpinned->slots[0].identity.gpu);
 }
 
 TEST_F(RankPlanTest, InheritedVisibleDevicesIsTheAllowedSet) {
@@ -80,8 +80,8 @@ TEST_F(RankPlanTest, InheritedVisibleDevicesIsTheAllowedSet) {
   LaunchConfig cfg = config(1);
   cfg.nproc.kind = NprocSpec::Kind::kGpu;
   auto planned = build_rank_plan(cfg, interleaved_box(), env_, 1);
-  ASSERT_TRUE(std::holds_alternative<RankPlan>(planned));
-  const RankPlan& plan = std::get<RankPlan>(planned);
+  ASSERT_TRUE(planned);
+  const RankPlan& plan = *planned;
   ASSERT_EQ(plan.slots.size(), 2u);
   EXPECT_EQ(plan.slots[0].identity.gpu->bus_id, "0000:1a:00.0");
   EXPECT_EQ(plan.slots[1].identity.gpu->bus_id, "0000:86:00.0");
@@ -90,14 +90,14 @@ TEST_F(RankPlanTest, InheritedVisibleDevicesIsTheAllowedSet) {
 
 TEST_F(RankPlanTest, FewerRanksThanGpusSeeOnlyTheirOwn) {
   auto planned = build_rank_plan(config(2), interleaved_box(), env_, 1);
-  const RankPlan& plan = std::get<RankPlan>(planned);
+  const RankPlan& plan = *planned;
   EXPECT_EQ(plan.slots[1].identity.visible_gpus, (std::vector<std::string>{"0", "2"}));
 }
 
 TEST_F(RankPlanTest, VirtualLocalRankGivesEachWorkerItsGpuAlone) {
   LaunchConfig cfg = config(4);
   cfg.virtual_local_rank = true;
-  const RankPlan plan = std::get<RankPlan>(build_rank_plan(cfg, interleaved_box(), env_, 1));
+  const RankPlan plan = *build_rank_plan(cfg, interleaved_box(), env_, 1);
   EXPECT_TRUE(plan.job.virtual_local_rank);
   EXPECT_EQ(plan.slots[1].identity.visible_gpus, std::vector<std::string>{"2"});
   EXPECT_EQ(plan.slots[2].identity.visible_gpus, std::vector<std::string>{"1"});
@@ -105,33 +105,65 @@ TEST_F(RankPlanTest, VirtualLocalRankGivesEachWorkerItsGpuAlone) {
 
 TEST_F(RankPlanTest, NoGpuIsACpuRunButGpuModeIsAnError) {
   auto planned = build_rank_plan(config(2), {}, env_, 1);
-  ASSERT_TRUE(std::holds_alternative<RankPlan>(planned));
-  EXPECT_FALSE(std::get<RankPlan>(planned).pinned);
+  ASSERT_TRUE(planned);
+  EXPECT_FALSE(planned->pinned);
   LaunchConfig cfg = config(1);
   cfg.nproc.kind = NprocSpec::Kind::kGpu;
-  EXPECT_TRUE(std::holds_alternative<UsageError>(build_rank_plan(cfg, {}, env_, 1)));
+  EXPECT_FALSE(build_rank_plan(cfg, {}, env_, 1));
 }
 
 TEST_F(RankPlanTest, MissingScriptAndInterpreter) {
   LaunchConfig cfg = config(1);
   cfg.script = "/nonexistent/train.py";
   auto planned = build_rank_plan(cfg, {}, env_, 1);
-  ASSERT_TRUE(std::holds_alternative<UsageError>(planned));
-  EXPECT_NE(std::get<UsageError>(planned).message.find("/nonexistent/train.py"), std::string::npos);
+  ASSERT_FALSE(planned);
+  EXPECT_NE(planned.error().message.find("/nonexistent/train.py"), std::string::npos);
   env_["PYTHON_EXEC"] = "no-such-python";
-  EXPECT_TRUE(std::holds_alternative<UsageError>(build_rank_plan(config(1), {}, env_, 1)));
+  EXPECT_FALSE(build_rank_plan(config(1), {}, env_, 1));
 }
 
 TEST_F(RankPlanTest, DryRunShowsGpuCpusEnvAndArgv) {
   LaunchConfig cfg = config(2);
   cfg.script_args = {"--lr", "3e-4"};
   auto planned = build_rank_plan(cfg, interleaved_box(), env_, 29777);
-  const std::string text = format_rank_plan(std::get<RankPlan>(planned), env_);
+  const std::string text = format_rank_plan(*planned, env_);
   EXPECT_NE(text.find("local rank 1 (rank 1)"), std::string::npos);
   EXPECT_NE(text.find("0000:5e:00.0"), std::string::npos);
   EXPECT_NE(text.find("CUDA_VISIBLE_DEVICES=0,2\n"), std::string::npos);
   EXPECT_NE(text.find("MASTER_PORT=29777"), std::string::npos);
   EXPECT_NE(text.find("--lr 3e-4"), std::string::npos);
+}
+
+TEST_F(RankPlanTest, DryRunPrintsWhatTheSpawnBuilderGivesEachWorker) {
+  LaunchConfig cfg = config(2);
+  cfg.nccl_debug = true;
+  auto planned = build_rank_plan(cfg, interleaved_box(), env_, 29777);
+  ASSERT_TRUE(planned);
+  RankPlan& plan = *planned;
+  plan.extra_env["TORCHELASTIC_TIMER_FILE"] = std::string(kDryRunDir) + "/timer.fifo";
+  const std::string text = format_rank_plan(plan, env_);
+  for (const RankSlot& slot : plan.slots) {
+    const auto rank_dir = std::filesystem::path(kDryRunDir) / "attempt_0" /
+                          std::to_string(slot.identity.local_rank);
+    const Environment spawned = worker_spawn_delta(plan, slot, 0, rank_dir, env_);
+    // Every variable the worker gets, under that worker's heading.
+    const size_t start = text.find("local rank " + std::to_string(slot.identity.local_rank) + " ");
+    ASSERT_NE(start, std::string::npos);
+    const std::string section = text.substr(start, text.find("local rank ", start + 1) - start);
+    for (const auto& [name, value] : spawned)
+      EXPECT_NE(section.find("    " + name + "=" + value + "\n"), std::string::npos) << name;
+    EXPECT_EQ(spawned.at("TORCHELASTIC_TIMER_FILE"), "<run dir>/timer.fifo");
+    EXPECT_EQ(spawned.at("NCCL_DEBUG_FILE"), (rank_dir / "nccl.%h.%p.log").string());
+    EXPECT_EQ(spawned.at("TORCHELASTIC_ERROR_FILE"), (rank_dir / "error.json").string());
+  }
+  // A user's own NCCL_DEBUG_FILE and a job-wide variable the worker variables own both hold.
+  Environment inherited = env_;
+  inherited["NCCL_DEBUG_FILE"] = "/logs/nccl.%p";
+  plan.extra_env["RANK"] = "99";
+  const Environment delta = worker_spawn_delta(plan, plan.slots[1], 3, "/run/attempt_3/1", inherited);
+  EXPECT_FALSE(delta.contains("NCCL_DEBUG_FILE"));
+  EXPECT_EQ(delta.at("RANK"), "1");
+  EXPECT_EQ(delta.at("TORCHELASTIC_RESTART_COUNT"), "3");
 }
 
 }  // namespace

@@ -65,6 +65,7 @@ TEST_F(RunSummaryTest, FailedRankJsonFields) {
   EXPECT_EQ(json["restarts"], 0);
   EXPECT_EQ(json["host"], "node-a");
   EXPECT_EQ(json["rdzv_id"], "job42");
+  EXPECT_EQ(json["mcprun_version"], MCPRUN_PROJECT_VERSION);
   EXPECT_GE(json["total_time_s"].get<double>(), 0);
   ASSERT_EQ(json["ranks"].size(), 2u);
   const auto& stopped = json["ranks"][0];

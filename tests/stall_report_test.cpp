@@ -1,17 +1,9 @@
 #include <gtest/gtest.h>
 
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/ip/tcp.hpp>
-#include <unistd.h>
-
-#include "common/proc_sockets.hpp"
 #include "launcher/stall/stall_report.hpp"
 
 namespace mcprun {
 namespace {
-
-using boost::asio::ip::make_address;
-using boost::asio::ip::tcp;
 
 RankProgress rank(int number, int level, std::string state) {
   RankProgress progress;
@@ -79,19 +71,6 @@ TEST(StallReport, NoticeAndProgressSurviveTheWire) {
   EXPECT_EQ(copy.level, RankProgress::kNotConnected);
   EXPECT_EQ(copy.state, progress.state);
   EXPECT_EQ(copy.stack_file, progress.stack_file);
-}
-
-TEST(ProcSockets, FindsThisProcessesConnectionToAPort) {
-  boost::asio::io_context io;
-  tcp::acceptor acceptor(io, tcp::endpoint(make_address("127.0.0.1"), 0));
-  tcp::socket client(io);
-  client.connect(acceptor.local_endpoint());
-  tcp::socket served = acceptor.accept();
-  const auto ends = connections_to_port(::getpid(), acceptor.local_endpoint().port());
-  ASSERT_EQ(ends.size(), 1u);
-  EXPECT_EQ(ends[0].address, "127.0.0.1");
-  EXPECT_EQ(ends[0].port, client.local_endpoint().port());
-  EXPECT_TRUE(connections_to_port(::getpid(), 1).empty());
 }
 
 }  // namespace

@@ -29,14 +29,17 @@
 #include <sstream>
 
 #include "common/exit_status.hpp"
-#include "launcher/config/subcommand.hpp"
 #include "common/messages.hpp"
+#include "common/proc_sockets.hpp"
 #include "common/protocol.hpp"
 #include "common/sys.hpp"
 #include "common/topology.hpp"
 #include "common/unique_fd.hpp"
+#include "common/version.hpp"
 #include "launcher/config/slurm.hpp"
+#include "launcher/config/subcommand.hpp"
 #include "launcher/plan/rank_plan.hpp"
+#include "launcher/process/deadline.hpp"
 #include "launcher/process/process_control.hpp"
 
 namespace mcprun {
@@ -93,12 +96,6 @@ std::optional<long> parse_long(std::string_view text) {
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
   if (text.empty() || ec != std::errc() || end != text.data() + text.size()) return std::nullopt;
   return value;
-}
-
-std::optional<int> parse_port(const std::string& text) {
-  auto port = parse_long(text);
-  if (!port || *port < 1 || *port > 65535) return std::nullopt;
-  return static_cast<int>(*port);
 }
 
 bool is_loopback(const std::string& address) {
@@ -160,9 +157,8 @@ struct RouteTarget {
 
 std::optional<RouteTarget> route_target(const DoctorInputs& inputs) {
   if (!inputs.rdzv_endpoint.empty()) {
-    auto parsed = parse_peer_endpoint(inputs.rdzv_endpoint);
-    if (auto* endpoint = std::get_if<PeerEndpoint>(&parsed);
-        endpoint && endpoint->unix_path.empty())
+    auto endpoint = parse_endpoint(inputs.rdzv_endpoint, kConnectRules);
+    if (endpoint && !endpoint->is_unix())
       return RouteTarget{endpoint->host, "the rendezvous host " + endpoint->host};
   }
   if (!inputs.master_addr.empty())
@@ -177,11 +173,10 @@ struct FirstAddress {
 };
 
 FirstAddress first_address(const std::string& host, DoctorProbes& probes) {
-  auto resolved = probes.resolve(host);
-  if (auto* error = std::get_if<std::string>(&resolved)) return {"", *error};
-  const auto& addresses = std::get<std::vector<std::string>>(resolved);
-  if (addresses.empty()) return {"", host + " has no address"};
-  return {addresses.front(), ""};
+  auto addresses = probes.resolve(host);
+  if (!addresses) return {"", addresses.error().message};
+  if (addresses->empty()) return {"", host + " has no address"};
+  return {addresses->front(), ""};
 }
 
 /// "1,0": indices, unlike UUIDs, name a different card under each CUDA_DEVICE_ORDER.
@@ -315,41 +310,16 @@ const char* status_name(CheckStatus status) {
   return "?";
 }
 
-std::string PeerEndpoint::text() const {
-  if (!unix_path.empty()) return "unix:" + unix_path;
-  return (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" +
-         std::to_string(port);
-}
-
-std::variant<PeerEndpoint, std::string> parse_peer_endpoint(const std::string& text) {
-  PeerEndpoint endpoint;
-  if (text.starts_with("unix:")) {
-    endpoint.unix_path = text.substr(5);
-    if (endpoint.unix_path.empty()) return "'" + text + "': unix: needs a socket path";
-    return endpoint;
-  }
-  const auto colon = text.rfind(':');
-  if (colon == std::string::npos || colon == 0)
-    return "'" + text + "': expected HOST:PORT or unix:PATH";
-  endpoint.host = text.substr(0, colon);
-  if (endpoint.host.size() > 2 && endpoint.host.front() == '[' && endpoint.host.back() == ']')
-    endpoint.host = endpoint.host.substr(1, endpoint.host.size() - 2);
-  auto port = parse_port(text.substr(colon + 1));
-  if (!port) return "'" + text + "': the port must be a number from 1 to 65535";
-  endpoint.port = *port;
-  return endpoint;
-}
-
 // --- The checks -------------------------------------------------------------------------------
 
 CheckResult check_shm(const DoctorInputs& inputs, DoctorProbes& probes) {
   const std::string path = inputs.shm_path.string();
   auto measured = probes.filesystem_space(inputs.shm_path);
-  if (auto* error = std::get_if<std::string>(&measured))
-    return fail("shm", *error + ": NCCL keeps its shared-memory segments there",
+  if (!measured)
+    return fail("shm", measured.error().message + ": NCCL keeps its shared-memory segments there",
                 std::string("mount a tmpfs there (mount -t tmpfs -o size=8G tmpfs /dev/shm); ") +
                     kShmRemedy);
-  const FilesystemSpace& space = std::get<FilesystemSpace>(measured);
+  const FilesystemSpace& space = *measured;
   if (space.total_bytes == 0)  // A tmpfs mounted with size=0 has no limit and reports none.
     return warn("shm", path + " reports no size: it may be unlimited, or not a tmpfs at all",
                 "check what is mounted there (findmnt " + path + ")");
@@ -479,7 +449,7 @@ std::vector<CheckResult> check_master_port(const DoctorInputs& inputs, DoctorPro
              "cannot test MASTER_PORT " + std::to_string(*port) + ": bind: " + std::strerror(error),
              "check it by hand: ss -ltnp 'sport = :" + std::to_string(*port) + "'")};
   }
-  const ConnectResult result = probes.connect(PeerEndpoint{to, *port, ""}, kDoctorConnectTimeout);
+  const ConnectResult result = probes.connect(Endpoint{to, *port, ""}, kDoctorConnectTimeout);
   switch (result.outcome) {
     case ConnectResult::Outcome::kConnected:
       return {
@@ -504,10 +474,11 @@ std::vector<CheckResult> check_master_port(const DoctorInputs& inputs, DoctorPro
 std::vector<CheckResult> check_rdzv_endpoint(const DoctorInputs& inputs, DoctorProbes& probes) {
   const std::string name = "rdzv-endpoint";
   if (inputs.rdzv_endpoint.empty()) return {};
-  auto parsed = parse_peer_endpoint(inputs.rdzv_endpoint);
-  if (auto* error = std::get_if<std::string>(&parsed))
-    return {fail(name, "--rdzv-endpoint " + *error, "expected HOST:PORT or unix:PATH")};
-  PeerEndpoint endpoint = std::get<PeerEndpoint>(parsed);
+  auto parsed = parse_endpoint(inputs.rdzv_endpoint, kConnectRules);
+  if (!parsed)
+    return {fail(name, "--rdzv-endpoint " + parsed.error().message,
+                 "expected HOST:PORT or unix:PATH")};
+  Endpoint endpoint = *parsed;
   const std::string shown = endpoint.text();
   const std::string start_it =
       "start rendezvousd there (rendezvousd --listen 0.0.0.0:" + std::to_string(endpoint.port) +
@@ -517,7 +488,7 @@ std::vector<CheckResult> check_rdzv_endpoint(const DoctorInputs& inputs, DoctorP
   const std::string firewall =
       "allow TCP to port " + std::to_string(endpoint.port) +
       " from every node (firewalld/ufw/iptables, the cloud's security groups)";
-  if (!endpoint.unix_path.empty()) {
+  if (endpoint.is_unix()) {
     const ConnectResult result = probes.connect(endpoint, kDoctorConnectTimeout);
     if (result.outcome == ConnectResult::Outcome::kConnected)
       return {ok(name, "something listens at " + shown)};
@@ -714,12 +685,12 @@ CheckResult check_hostname(const DoctorInputs& inputs, DoctorProbes& probes) {
     return warn("hostname", "this node has no hostname", "set one (hostnamectl set-hostname NAME)");
   const std::string shown = "hostname '" + inputs.hostname + "'";
   auto resolved = probes.resolve(inputs.hostname);
-  if (auto* error = std::get_if<std::string>(&resolved))
+  if (!resolved)
     return warn("hostname",
-                shown + " does not resolve (" + *error +
+                shown + " does not resolve (" + resolved.error().message +
                     "): tools that pass it to other nodes (torchrun, for one) fail",
                 "add it to /etc/hosts with this node's address, or fix DNS");
-  const auto& addresses = std::get<std::vector<std::string>>(resolved);
+  const auto& addresses = *resolved;
   if (addresses.empty())
     return warn("hostname", shown + " resolves to no address",
                 "add it to /etc/hosts with this node's address");
@@ -735,24 +706,25 @@ CheckResult check_hostname(const DoctorInputs& inputs, DoctorProbes& probes) {
 std::vector<CheckResult> check_clock(const DoctorInputs& inputs, DoctorProbes& probes) {
   const std::string name = "clock";
   if (inputs.rdzv_endpoint.empty()) return {};
-  auto parsed = parse_peer_endpoint(inputs.rdzv_endpoint);
-  if (std::holds_alternative<std::string>(parsed)) return {};  // The endpoint check says why.
-  const PeerEndpoint& endpoint = std::get<PeerEndpoint>(parsed);
+  auto parsed = parse_endpoint(inputs.rdzv_endpoint, kConnectRules);
+  if (!parsed) return {};  // The endpoint check says why.
+  const Endpoint& endpoint = *parsed;
   auto reading = probes.read_clock(endpoint);
-  if (auto* error = std::get_if<std::string>(&reading)) {
-    bool local = !endpoint.unix_path.empty();
+  if (!reading) {
+    const std::string& error = reading.error().message;
+    bool local = endpoint.is_unix();
     if (!local) {
       const FirstAddress address = first_address(endpoint.host, probes);
       local = address.error.empty() && is_local(address.address, probes);
     }
     // The rendezvous on this host shares this clock: there is nothing to compare.
     if (local)
-      return {ok(name, "not measured (" + *error +
+      return {ok(name, "not measured (" + error +
                            "); the rendezvous is on this host, so its clock is this one")};
-    return {warn(name, "not measured: " + *error,
+    return {warn(name, "not measured: " + error,
                  "make the rendezvous endpoint answer (see rdzv-endpoint)")};
   }
-  const ClockReading& clock = std::get<ClockReading>(reading);
+  const ClockReading& clock = *reading;
   // Judged at the near edge of the uncertainty: only a skew that is surely too large counts.
   const auto surely = std::chrono::abs(clock.skew) - clock.rtt / 2;
   const std::string finding = "this node's clock is " + describe_skew(clock.skew) +
@@ -778,11 +750,12 @@ std::vector<CheckResult> check_nccl(const DoctorInputs& inputs, DoctorProbes& pr
   const std::string name = "nccl";
   if (inputs.python.empty()) return {};
   auto probed = probes.torch_nccl(inputs.python, inputs.env);
-  if (auto* error = std::get_if<std::string>(&probed))
-    return {warn(name, "cannot ask " + inputs.python + " for torch's NCCL: " + *error,
+  if (!probed)
+    return {warn(name,
+                 "cannot ask " + inputs.python + " for torch's NCCL: " + probed.error().message,
                  "set PYTHON_EXEC to the interpreter the workers run (a venv's python), or "
                  "pass --no-torch to skip this check")};
-  const TorchNccl& torch = std::get<TorchNccl>(probed);
+  const TorchNccl& torch = *probed;
   const std::string build = "torch " + torch.torch_version;
   if (torch.cuda_version.empty()) return {ok(name, build + " is a CPU build: no NCCL (gloo only)")};
   const std::string from = torch.libraries.empty() ? " (linked into torch)" : " from " + join(torch.libraries, ", ");
@@ -807,10 +780,10 @@ std::optional<std::string> DoctorProbes::slurm_node_address(const std::string& n
 std::vector<CheckResult> check_slurm(const DoctorInputs& inputs, DoctorProbes& probes) {
   const std::string name = "slurm";
   auto detected = detect_slurm_step(inputs.env);
-  if (auto* error = std::get_if<std::string>(&detected))
-    return {fail(name, *error + ": mcprun would refuse to start (exit 2)",
+  if (!detected)
+    return {fail(name, detected.error().message + ": mcprun would refuse to start (exit 2)",
                  "start it as srun --ntasks-per-node=1 mcprun ..., or ignore Slurm with --no-slurm")};
-  const auto* step = std::get_if<SlurmStep>(&detected);
+  const std::optional<SlurmStep>& step = *detected;
   if (!step) {
     auto job = inputs.env.find("SLURM_JOB_ID");
     auto off = inputs.env.find("MCPRUN_SLURM");
@@ -954,7 +927,8 @@ std::string format_doctor_json(const std::vector<CheckResult>& results) {
                                     {{"ok", counts.ok},
                                      {"warn", counts.warn},
                                      {"fail", counts.fail},
-                                     {"exit_code", doctor_exit_code(results)}}}};
+                                     {"exit_code", doctor_exit_code(results)},
+                                     {"mcprun_version", mcprun_version()}}}};
   return report.dump(2) + "\n";
 }
 
@@ -995,12 +969,12 @@ std::string address_text(const sockaddr_storage& storage) {
 
 /// A connected socket to `endpoint`, or how the attempt ended; waits at most `limit`.
 std::variant<UniqueFd, ConnectResult> open_connection(DoctorProbes& probes,
-                                                      const PeerEndpoint& endpoint,
+                                                      const Endpoint& endpoint,
                                                       std::chrono::milliseconds limit) {
   using Outcome = ConnectResult::Outcome;
   sockaddr_storage storage{};
   socklen_t length = 0;
-  if (!endpoint.unix_path.empty()) {
+  if (endpoint.is_unix()) {
     auto* address = reinterpret_cast<sockaddr_un*>(&storage);
     if (endpoint.unix_path.size() >= sizeof address->sun_path)
       return ConnectResult{Outcome::kUnreachable, "socket path too long"};
@@ -1010,12 +984,10 @@ std::variant<UniqueFd, ConnectResult> open_connection(DoctorProbes& probes,
   } else {
     std::string host = endpoint.host;
     if (!numeric_sockaddr(host, endpoint.port)) {
-      auto resolved = probes.resolve(host);
-      if (auto* error = std::get_if<std::string>(&resolved))
-        return ConnectResult{Outcome::kUnreachable, *error};
-      auto& addresses = std::get<std::vector<std::string>>(resolved);
-      if (addresses.empty()) return ConnectResult{Outcome::kUnreachable, host + " has no address"};
-      host = addresses.front();
+      auto addresses = probes.resolve(host);
+      if (!addresses) return ConnectResult{Outcome::kUnreachable, addresses.error().message};
+      if (addresses->empty()) return ConnectResult{Outcome::kUnreachable, host + " has no address"};
+      host = addresses->front();
     }
     auto numeric = numeric_sockaddr(host, endpoint.port);
     if (!numeric) return ConnectResult{Outcome::kUnreachable, "not an address: " + host};
@@ -1028,15 +1000,9 @@ std::variant<UniqueFd, ConnectResult> open_connection(DoctorProbes& probes,
   if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&storage), length) != 0) {
     error = errno;
     if (error == EINPROGRESS) {
-      pollfd waiting{fd.get(), POLLOUT, 0};
-      int ready = 0;
-      do {
-        ready = ::poll(&waiting, 1, static_cast<int>(limit.count()));
-      } while (ready < 0 && errno == EINTR);
-      if (ready == 0) return ConnectResult{Outcome::kTimedOut, ""};
+      if (!wait_for_fd(fd.get(), POLLOUT, limit)) return ConnectResult{Outcome::kTimedOut, ""};
       socklen_t size = sizeof error;
-      if (ready < 0 || ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &error, &size) != 0)
-        error = errno;
+      if (::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &error, &size) != 0) error = errno;
     }
   }
   if (error == 0) {
@@ -1045,34 +1011,30 @@ std::variant<UniqueFd, ConnectResult> open_connection(DoctorProbes& probes,
     return fd;
   }
   // A missing unix socket is "nothing listens there", as a refused TCP port is.
-  if (error == ECONNREFUSED || (!endpoint.unix_path.empty() && error == ENOENT))
+  if (error == ECONNREFUSED || (endpoint.is_unix() && error == ENOENT))
     return ConnectResult{Outcome::kRefused, std::strerror(error)};
   if (error == ETIMEDOUT) return ConnectResult{Outcome::kTimedOut, ""};
   return ConnectResult{Outcome::kUnreachable, std::strerror(error)};
 }
 
 /// Reads one frame from `fd` by `deadline`; an error line otherwise.
-std::variant<nlohmann::json, std::string> read_frame(
-    int fd, std::chrono::steady_clock::time_point deadline) {
+Expected<nlohmann::json> read_frame(int fd, std::chrono::steady_clock::time_point deadline) {
   std::string buffer;
   char chunk[4096];
   for (;;) {
     FrameResult frame = decode_frame(buffer);
     if (auto* done = std::get_if<Frame>(&frame)) return std::move(done->message);
     if (auto* error = std::get_if<FrameError>(&frame))
-      return "what answers there is not a rendezvousd (" + error->message + ")";
+      return Error{"what answers there is not a rendezvousd (" + error->message + ")"};
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) return "no reply within " + seconds_text(kClockReplyTimeout) + " s";
-    pollfd waiting{fd, POLLIN, 0};
-    const int ready = ::poll(&waiting, 1, static_cast<int>(left.count()));
-    if (ready < 0 && errno != EINTR) return std::string("poll: ") + std::strerror(errno);
-    if (ready <= 0) continue;  // Interrupted or timed out: the deadline check above decides.
+    if (left.count() <= 0 || !wait_for_fd(fd, POLLIN, left))
+      return Error{"no reply within " + seconds_text(kClockReplyTimeout) + " s"};
     const ssize_t n = ::recv(fd, chunk, sizeof chunk, 0);
-    if (n == 0) return std::string("the connection closed without a reply");
+    if (n == 0) return Error{"the connection closed without a reply"};
     if (n < 0) {
       if (errno == EINTR) continue;
-      return std::string("recv: ") + std::strerror(errno);
+      return Error{std::string("recv: ") + std::strerror(errno)};
     }
     buffer.append(chunk, static_cast<size_t>(n));
   }
@@ -1086,23 +1048,21 @@ int64_t unix_now_ns() {
 
 }  // namespace
 
-std::variant<FilesystemSpace, std::string> SystemDoctorProbes::filesystem_space(
-    const fs::path& path) {
+Expected<FilesystemSpace> SystemDoctorProbes::filesystem_space(const fs::path& path) {
   struct statvfs stats {};
   if (::statvfs(path.c_str(), &stats) != 0)
-    return "statvfs(" + path.string() + "): " + std::strerror(errno);
+    return Error{"statvfs(" + path.string() + "): " + std::strerror(errno)};
   return FilesystemSpace{static_cast<uint64_t>(stats.f_blocks) * stats.f_frsize,
                          static_cast<uint64_t>(stats.f_bavail) * stats.f_frsize};
 }
 
-std::variant<std::vector<std::string>, std::string> SystemDoctorProbes::resolve(
-    const std::string& host) {
+Expected<std::vector<std::string>> SystemDoctorProbes::resolve(const std::string& host) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* found = nullptr;
   const int error = ::getaddrinfo(host.c_str(), nullptr, &hints, &found);
-  if (error != 0) return std::string(::gai_strerror(error));
+  if (error != 0) return Error{::gai_strerror(error)};
   std::vector<std::string> v4, v6;
   for (addrinfo* entry = found; entry; entry = entry->ai_next) {
     sockaddr_storage storage{};
@@ -1160,53 +1120,20 @@ int SystemDoctorProbes::bind_error(int port) {
 }
 
 std::optional<std::string> SystemDoctorProbes::listener_on(int port) {
-  constexpr const char* kListenState = "0A";
-  std::set<std::string> inodes;
-  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
-    std::ifstream in(table);
-    std::string line;
-    std::getline(in, line);  // The header.
-    while (std::getline(in, line)) {
-      std::istringstream fields(line);
-      std::string slot, local, remote, state, queues, timer, retransmits, uid, timeout, inode;
-      fields >> slot >> local >> remote >> state >> queues >> timer >> retransmits >> uid >>
-          timeout >> inode;
-      const auto colon = local.rfind(':');
-      if (state != kListenState || colon == std::string::npos) continue;
-      long local_port = 0;
-      auto [end, ec] =
-          std::from_chars(local.data() + colon + 1, local.data() + local.size(), local_port, 16);
-      if (ec == std::errc() && local_port == port) inodes.insert("socket:[" + inode + "]");
-    }
-  }
-  if (inodes.empty()) return std::nullopt;
-  std::error_code ec;
-  for (fs::directory_iterator proc("/proc", ec), end; !ec && proc != end; proc.increment(ec)) {
-    const std::string pid = proc->path().filename().string();
-    if (!parse_long(pid)) continue;
-    std::error_code fd_ec;
-    for (fs::directory_iterator fd(proc->path() / "fd", fd_ec), fd_end; !fd_ec && fd != fd_end;
-         fd.increment(fd_ec)) {
-      std::error_code link_ec;
-      const std::string target = fs::read_symlink(fd->path(), link_ec).string();
-      if (link_ec || !inodes.contains(target)) continue;
-      std::string comm;
-      std::getline(std::ifstream(proc->path() / "comm"), comm);
-      return "pid " + pid + " (" + comm + ")";
-    }
-  }
-  return std::string();
+  auto listener = listener_on_port(port);
+  if (!listener) return std::nullopt;
+  if (!listener->pid) return std::string();
+  return "pid " + std::to_string(*listener->pid) + " (" + listener->command + ")";
 }
 
-ConnectResult SystemDoctorProbes::connect(const PeerEndpoint& endpoint,
+ConnectResult SystemDoctorProbes::connect(const Endpoint& endpoint,
                                           std::chrono::milliseconds limit) {
   auto connection = open_connection(*this, endpoint, limit);
   if (auto* result = std::get_if<ConnectResult>(&connection)) return *result;
   return ConnectResult{ConnectResult::Outcome::kConnected, ""};
 }
 
-std::variant<ClockReading, std::string> SystemDoctorProbes::read_clock(
-    const PeerEndpoint& endpoint) {
+Expected<ClockReading> SystemDoctorProbes::read_clock(const Endpoint& endpoint) {
   const std::string request = encode_frame({{"type", "clock"}});
   std::optional<ClockReading> best;
   // One connection per sample: the daemon answers a connection that has not joined once.
@@ -1215,11 +1142,11 @@ std::variant<ClockReading, std::string> SystemDoctorProbes::read_clock(
     if (auto* result = std::get_if<ConnectResult>(&connection)) {
       switch (result->outcome) {
         case ConnectResult::Outcome::kRefused:
-          return "nothing listens at " + endpoint.text();
+          return Error{"nothing listens at " + endpoint.text()};
         case ConnectResult::Outcome::kTimedOut:
-          return endpoint.text() + " did not answer";
+          return Error{endpoint.text() + " did not answer"};
         default:
-          return "cannot reach " + endpoint.text() + ": " + result->error;
+          return Error{"cannot reach " + endpoint.text() + ": " + result->error};
       }
     }
     const UniqueFd fd = std::move(std::get<UniqueFd>(connection));
@@ -1228,21 +1155,20 @@ std::variant<ClockReading, std::string> SystemDoctorProbes::read_clock(
     const int64_t sent_unix_ns = unix_now_ns();
     if (::send(fd.get(), request.data(), request.size(), MSG_NOSIGNAL) !=
         static_cast<ssize_t>(request.size()))
-      return std::string("send: ") + std::strerror(errno);
+      return Error{std::string("send: ") + std::strerror(errno)};
     auto reply = read_frame(fd.get(), sent + kClockReplyTimeout);
     const auto rtt = std::chrono::steady_clock::now() - sent;
-    if (auto* error = std::get_if<std::string>(&reply)) return *error;
-    const nlohmann::json& message = std::get<nlohmann::json>(reply);
+    if (!reply) return reply.error();
+    const nlohmann::json& message = *reply;
     const std::string type = message_type(message);
     if (type == "error") {
       auto refused = parse_text(message);
-      const auto* text = std::get_if<TextMessage>(&refused);
-      return "the rendezvous refused 'clock': " + (text ? text->message : std::string("?")) +
-             " (a rendezvousd older than this mcprun?)";
+      return Error{"the rendezvous refused 'clock': " + (refused ? refused->message : "?") +
+                   " (a rendezvousd older than this mcprun?)"};
     }
     auto remote = message.find("unix_time_ns");
     if (type != "clock" || remote == message.end() || !remote->is_number_integer())
-      return "the rendezvous answered 'clock' with " + type;
+      return Error{"the rendezvous answered 'clock' with " + type};
     // The daemon read its clock, at best guess, halfway through the round trip.
     const int64_t midpoint_ns =
         sent_unix_ns + std::chrono::duration_cast<std::chrono::nanoseconds>(rtt).count() / 2;
@@ -1286,56 +1212,27 @@ print(json.dumps(found))
 
 }  // namespace
 
-std::variant<TorchNccl, std::string> SystemDoctorProbes::torch_nccl(const std::string& python,
-                                                                     const Environment& env) {
+Expected<TorchNccl> SystemDoctorProbes::torch_nccl(const std::string& python,
+                                                  const Environment& env) {
   auto resolved = find_executable(python, search_path_of(env));
-  if (!resolved) return python + " not found";
-  int pipe_fds[2];
-  if (::pipe2(pipe_fds, O_CLOEXEC) != 0) return std::string("pipe: ") + std::strerror(errno);
-  UniqueFd read_end(pipe_fds[0]), write_end(pipe_fds[1]);
-  UniqueFd quiet(::open("/dev/null", O_WRONLY | O_CLOEXEC));  // torch's warnings are not ours.
+  if (!resolved) return Error{python + " not found"};
   PosixProcessControl control;
-  std::string error;
-  auto pid = control.spawn({{*resolved, "-c", kTorchNcclScript}, merge_environment(env, {}), {},
-                            write_end.get(), quiet.get()},
-                           &error);
-  write_end.reset();
-  if (!pid) return error;
-  std::string output;
-  const auto deadline = std::chrono::steady_clock::now() + kTorchProbeTimeout;
-  for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    pollfd readable{read_end.get(), POLLIN, 0};
-    if (left.count() <= 0 || ::poll(&readable, 1, static_cast<int>(left.count())) == 0) {
-      control.signal_group(*pid, SIGKILL);
-      error = "no answer within " + std::to_string(kTorchProbeTimeout.count()) + " s";
-      break;
-    }
-    char chunk[4096];
-    const ssize_t n = ::read(read_end.get(), chunk, sizeof chunk);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    output.append(chunk, static_cast<size_t>(n));
-  }
-  // It exits right after closing its stdout; one that lingers is killed.
-  const auto exit_deadline = std::chrono::steady_clock::now() + kTorchProbeExitTimeout;
-  for (bool killed = false; !control.reap_one(*pid); ::usleep(1000)) {
-    if (!killed && std::chrono::steady_clock::now() > exit_deadline) {
-      control.signal_group(*pid, SIGKILL);
-      killed = true;
-    }
-  }
-  if (!error.empty()) return error;
+  auto run = run_with_deadline(control, {*resolved, "-c", kTorchNcclScript},
+                               merge_environment(env, {}), kTorchProbeTimeout,
+                               kTorchProbeExitTimeout);
+  if (!run) return run.error();
+  if (run->timed_out)
+    return Error{"no answer within " + std::to_string(kTorchProbeTimeout.count()) + " s"};
+  const std::string& output = run->output;
   try {
     const auto found = nlohmann::json::parse(output);
-    if (found.contains("error")) return found["error"].get<std::string>();
+    if (found.contains("error")) return Error{found["error"].get<std::string>()};
     return TorchNccl{found.at("torch"), found.at("cuda"), found.value("loaded", ""),
                      found.value("load_error", ""),
                      found.value("libraries", std::vector<std::string>{}), found.value("shipped", "")};
   } catch (const nlohmann::json::exception&) {
-    return resolved->c_str() + std::string(" printed no answer (") +
-           (output.empty() ? "nothing" : output.substr(0, 200)) + ")";
+    return Error{*resolved + " printed no answer (" +
+                 (output.empty() ? "nothing" : output.substr(0, 200)) + ")"};
   }
 }
 
@@ -1359,17 +1256,15 @@ int run_doctor(const std::vector<std::string>& args) {
                "else python3)");
   if (auto done = parse_subcommand(app, args)) return *done;
   if (!rdzv_endpoint.empty()) {
-    auto parsed = parse_peer_endpoint(rdzv_endpoint);
-    if (auto* error = std::get_if<std::string>(&parsed))
-      return usage_error("--rdzv-endpoint " + *error);
+    auto parsed = parse_endpoint(rdzv_endpoint, kConnectRules);
+    if (!parsed) return usage_error("--rdzv-endpoint " + parsed.error().message);
   }
 
   DoctorInputs inputs;
   inputs.env = current_environment();
   inputs.sysfs_root = sysfs_root();
   inputs.shm_path = shm;
-  char host[256] = {};
-  if (::gethostname(host, sizeof host - 1) == 0) inputs.hostname = host;
+  inputs.hostname = host_name();
   auto from_env = [&](const char* name) {
     auto it = inputs.env.find(name);
     return it == inputs.env.end() ? std::string() : it->second;

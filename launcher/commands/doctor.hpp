@@ -8,9 +8,10 @@
 #include <filesystem>
 #include <optional>
 #include <string>
-#include <variant>
 #include <vector>
 
+#include "common/endpoint.hpp"
+#include "common/expected.hpp"
 #include "launcher/plan/worker_env.hpp"
 
 namespace mcprun {
@@ -51,17 +52,6 @@ struct CheckResult {
   std::string finding;  ///< What was found, with the values that matter.
   std::string remedy;   ///< What to do; empty for OK.
 };
-
-/// Where a peer listens: HOST:PORT, or unix:PATH for a rendezvousd on this host.
-struct PeerEndpoint {
-  std::string host;  ///< Empty for a unix socket.
-  int port = 0;
-  std::string unix_path;  ///< Set for "unix:PATH".
-  std::string text() const;
-};
-
-/// Parses "HOST:PORT", "[V6ADDR]:PORT" or "unix:PATH"; a one-line reason when malformed.
-std::variant<PeerEndpoint, std::string> parse_peer_endpoint(const std::string& text);
 
 /// The facts the checks judge that a test fixes outright: what the user asked to check and the
 /// node's own state that needs no probe.
@@ -110,10 +100,9 @@ class DoctorProbes {
  public:
   virtual ~DoctorProbes() = default;
   /// statvfs of `path`; an error line (naming the call) when it fails.
-  virtual std::variant<FilesystemSpace, std::string> filesystem_space(
-      const std::filesystem::path& path) = 0;
+  virtual Expected<FilesystemSpace> filesystem_space(const std::filesystem::path& path) = 0;
   /// Numeric addresses of `host`, IPv4 first; an error line when it does not resolve.
-  virtual std::variant<std::vector<std::string>, std::string> resolve(const std::string& host) = 0;
+  virtual Expected<std::vector<std::string>> resolve(const std::string& host) = 0;
   /// The source address the kernel would use towards `address` (a connected UDP socket's local
   /// end: no packet is sent); nullopt without a route.
   virtual std::optional<std::string> source_address(const std::string& address) = 0;
@@ -127,14 +116,13 @@ class DoctorProbes {
   /// its owner is hidden; nullopt when nothing listens.
   virtual std::optional<std::string> listener_on(int port) = 0;
   /// A TCP (or unix socket) connect that gives up after `limit`; the connection is closed again.
-  virtual ConnectResult connect(const PeerEndpoint& endpoint, std::chrono::milliseconds limit) = 0;
+  virtual ConnectResult connect(const Endpoint& endpoint, std::chrono::milliseconds limit) = 0;
   /// Asks the rendezvous for its clock kClockSamples times, a connection each (the daemon answers
   /// one clock per connection that has not joined); an error line when it cannot.
-  virtual std::variant<ClockReading, std::string> read_clock(const PeerEndpoint& endpoint) = 0;
+  virtual Expected<ClockReading> read_clock(const Endpoint& endpoint) = 0;
   /// Runs `python` under `env` to import torch and ask it for its NCCL, up to
   /// kTorchProbeTimeout; an error line when it cannot.
-  virtual std::variant<TorchNccl, std::string> torch_nccl(const std::string& python,
-                                                          const Environment& env) = 0;
+  virtual Expected<TorchNccl> torch_nccl(const std::string& python, const Environment& env) = 0;
   /// The address of a Slurm node that getaddrinfo does not know: its NodeAddr (scontrol show
   /// node), as mcprun itself falls back to; nullopt when Slurm does not know it either.
   virtual std::optional<std::string> slurm_node_address(const std::string& node);
@@ -143,18 +131,16 @@ class DoctorProbes {
 /// The real system: statvfs, getaddrinfo, sockets, /proc.
 class SystemDoctorProbes : public DoctorProbes {
  public:
-  std::variant<FilesystemSpace, std::string> filesystem_space(
-      const std::filesystem::path& path) override;
-  std::variant<std::vector<std::string>, std::string> resolve(const std::string& host) override;
+  Expected<FilesystemSpace> filesystem_space(const std::filesystem::path& path) override;
+  Expected<std::vector<std::string>> resolve(const std::string& host) override;
   std::optional<std::string> source_address(const std::string& address) override;
   std::optional<std::string> interface_of(const std::string& local_address) override;
   std::vector<std::string> interface_names() override;
   int bind_error(int port) override;
   std::optional<std::string> listener_on(int port) override;
-  ConnectResult connect(const PeerEndpoint& endpoint, std::chrono::milliseconds limit) override;
-  std::variant<ClockReading, std::string> read_clock(const PeerEndpoint& endpoint) override;
-  std::variant<TorchNccl, std::string> torch_nccl(const std::string& python,
-                                                  const Environment& env) override;
+  ConnectResult connect(const Endpoint& endpoint, std::chrono::milliseconds limit) override;
+  Expected<ClockReading> read_clock(const Endpoint& endpoint) override;
+  Expected<TorchNccl> torch_nccl(const std::string& python, const Environment& env) override;
 };
 
 /// 1. /dev/shm's free space against kShmFailBelowBytes / kShmWarnBelowBytes.
@@ -189,7 +175,8 @@ std::vector<CheckResult> run_checks(const DoctorInputs& inputs, DoctorProbes& pr
 
 /// The report: "OK|WARN|FAIL  <check>: <finding>", an indented remedy under WARN/FAIL, a summary.
 std::string format_doctor_text(const std::vector<CheckResult>& results, bool colour);
-/// {"checks": [{check, status, finding, remedy}], "summary": {ok, warn, fail, exit_code}}.
+/// {"checks": [{check, status, finding, remedy}],
+///  "summary": {ok, warn, fail, exit_code, mcprun_version}}.
 std::string format_doctor_json(const std::vector<CheckResult>& results);
 /// 1 when any check FAILed, else 0.
 int doctor_exit_code(const std::vector<CheckResult>& results);

@@ -14,6 +14,7 @@
 #include <iostream>
 #include <optional>
 
+#include "common/endpoint.hpp"
 #include "common/event_loop.hpp"
 #include "common/exit_status.hpp"
 #include "launcher/config/subcommand.hpp"
@@ -28,62 +29,54 @@ namespace asio = boost::asio;
 /// How long the daemon may take to answer an operator request.
 constexpr std::chrono::seconds kOperatorRequestTimeout{10};
 
-/// Sends one request and reads the one reply; nullopt and a one-line `error` otherwise.
-std::optional<nlohmann::json> exchange(const std::string& endpoint, const nlohmann::json& request,
-                                       std::string* error) {
-  auto fail = [&](std::string message) -> std::optional<nlohmann::json> {
-    *error = std::move(message);
-    return std::nullopt;
-  };
+/// Sends one request and reads the one reply; an error line naming the endpoint otherwise.
+Expected<nlohmann::json> ask_daemon(const std::string& endpoint, const nlohmann::json& request) {
+  auto parsed = parse_endpoint(endpoint, kConnectRules);
+  if (!parsed) return Error{"--rdzv-endpoint " + parsed.error().message};
   asio::io_context io;
   asio::generic::stream_protocol::socket socket(io);
   boost::system::error_code ec;
-  if (endpoint.rfind("unix:", 0) == 0) {
+  if (parsed->is_unix()) {
     asio::local::stream_protocol::socket local(io);
-    local.connect(asio::local::stream_protocol::endpoint(endpoint.substr(5)), ec);
-    if (ec) return fail("cannot reach rendezvousd at " + endpoint + ": " + ec.message());
+    local.connect(asio::local::stream_protocol::endpoint(parsed->unix_path), ec);
+    if (ec) return Error{"cannot reach rendezvousd at " + endpoint + ": " + ec.message()};
     socket = asio::generic::stream_protocol::socket(std::move(local));
   } else {
-    const auto colon = endpoint.rfind(':');
-    if (colon == std::string::npos) return fail("--rdzv-endpoint " + endpoint + ": expected HOST:PORT or unix:PATH");
     asio::ip::tcp::resolver resolver(io);
-    auto addresses = resolver.resolve(endpoint.substr(0, colon), endpoint.substr(colon + 1), ec);
+    auto addresses = resolver.resolve(parsed->host, std::to_string(parsed->port), ec);
     asio::ip::tcp::socket tcp(io);
     if (!ec) asio::connect(tcp, addresses, ec);
-    if (ec) return fail("cannot reach rendezvousd at " + endpoint + ": " + ec.message());
+    if (ec) return Error{"cannot reach rendezvousd at " + endpoint + ": " + ec.message()};
     socket = asio::generic::stream_protocol::socket(std::move(tcp));
   }
   asio::write(socket, asio::buffer(encode_frame(request)), ec);
-  if (ec) return fail("rendezvousd at " + endpoint + ": " + ec.message());
+  if (ec) return Error{"rendezvousd at " + endpoint + ": " + ec.message()};
 
   std::string buffer;
   std::array<char, 4096> chunk;
-  std::optional<nlohmann::json> result;
-  bool ended = false;
+  std::optional<Expected<nlohmann::json>> result;
   std::function<void()> read_more = [&] {
     socket.async_read_some(asio::buffer(chunk), [&](boost::system::error_code read_ec, size_t n) {
       if (read_ec) {
-        ended = true;
-        *error = "rendezvousd at " + endpoint + " closed the connection without an answer";
+        result = Error{"rendezvousd at " + endpoint + " closed the connection without an answer"};
         return;
       }
       buffer.append(chunk.data(), n);
       FrameResult frame = decode_frame(buffer);
       if (auto* whole = std::get_if<Frame>(&frame)) {
-        result = whole->message;
+        result = std::move(whole->message);
       } else if (auto* bad = std::get_if<FrameError>(&frame)) {
-        ended = true;
-        *error = "rendezvousd sent a bad frame: " + bad->message;
+        result = Error{"rendezvousd sent a bad frame: " + bad->message};
       } else {
         read_more();
       }
     });
   };
   read_more();
-  if (!run_until(io, [&] { return result.has_value() || ended; }, kOperatorRequestTimeout))
-    return fail(fmt::format("rendezvousd at {} did not answer within {} s", endpoint,
-                            kOperatorRequestTimeout.count()));
-  return result;
+  if (!run_until(io, [&] { return result.has_value(); }, kOperatorRequestTimeout))
+    return Error{fmt::format("rendezvousd at {} did not answer within {} s", endpoint,
+                             kOperatorRequestTimeout.count())};
+  return std::move(*result);
 }
 
 std::string format_age(double seconds) {
@@ -138,10 +131,9 @@ int run_operator_command(const std::vector<std::string>& args) {
     }
     request["token"] = *token;
   }
-  std::string error;
-  auto answer = exchange(endpoint, request, &error);
+  auto answer = ask_daemon(endpoint, request);
   if (!answer) {
-    std::fprintf(stderr, "mcprun: %s\n", error.c_str());
+    std::fprintf(stderr, "mcprun: %s\n", answer.error().message.c_str());
     return kExitRendezvous;
   }
   const nlohmann::json& reply = *answer;
@@ -153,21 +145,21 @@ int run_operator_command(const std::vector<std::string>& args) {
   const std::string type = message_type(reply);
   if (type == "error") {
     auto refused = parse_text(reply);
-    if (auto* error = std::get_if<std::string>(&refused)) return malformed(*error);
-    const std::string& message = std::get<TextMessage>(refused).message;
+    if (!refused) return malformed(refused.error().message);
+    const std::string& message = refused->message;
     std::fprintf(stderr, "mcprun: %s\n", message.empty() ? "refused" : message.c_str());
     return kExitFailure;
   }
   if (command == "jobs") {
     auto jobs = parse_jobs_reply(reply);
-    if (auto* error = std::get_if<std::string>(&jobs)) return malformed(*error);
+    if (!jobs) return malformed(jobs.error().message);
     if (json) std::cout << reply["jobs"].dump(2) << "\n";
-    else print_jobs(std::get<std::vector<JobSummary>>(jobs));
+    else print_jobs(*jobs);
   } else if (command == "status") {
     auto status = parse_status_reply(reply);
-    if (auto* error = std::get_if<std::string>(&status)) return malformed(*error);
+    if (!status) return malformed(status.error().message);
     if (json) std::cout << reply["job"].dump(2) << "\n";
-    else print_status(std::get<JobStatus>(status));
+    else print_status(*status);
   } else {
     std::cout << "stopped job " << job << "\n";
   }

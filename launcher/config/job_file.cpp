@@ -108,64 +108,69 @@ std::string suggestion(const CLI::App& app, const std::string& key) {
 }
 
 /// Reads one top-level key into `job` (script, args, env) or into `app` (a flag).
-std::optional<std::string> read_key(CLI::App& app, const std::string& path,
-                                    const YAML::Node& key_node, const YAML::Node& value,
-                                    JobFile& job, std::map<std::string, int>& seen) {
+Expected<void> read_key(CLI::App& app, const std::string& path, const YAML::Node& key_node,
+                        const YAML::Node& value, JobFile& job, std::map<std::string, int>& seen) {
   const int line = key_node.Mark().line + 1;
   const std::string where = path + ":" + std::to_string(line) + ": ";
-  if (!key_node.IsScalar()) return where + "expected a flag name, got " + describe(key_node);
+  if (!key_node.IsScalar())
+    return Error{where + "expected a flag name, got " + describe(key_node)};
   const std::string key = key_node.Scalar();
   std::string name = key;
   std::replace(name.begin(), name.end(), '_', '-');
   CLI::Option* option = nullptr;
   if (!kFileKeys.contains(name)) {
     if (kCommandLineOnly.contains(name))
-      return where + key + ": only meaningful on the command line";
+      return Error{where + key + ": only meaningful on the command line"};
     option = app.get_option_no_throw("--" + name);
-    if (option == nullptr) return where + "unknown key '" + key + "'" + suggestion(app, name);
+    if (option == nullptr)
+      return Error{where + "unknown key '" + key + "'" + suggestion(app, name)};
     name = option->get_lnames().front();
   }
   if (auto earlier = seen.find(name); earlier != seen.end())
-    return where + key + ": already set on line " + std::to_string(earlier->second);
+    return Error{where + key + ": already set on line " + std::to_string(earlier->second)};
   seen[name] = line;
 
   if (name == "script") {
-    if (!value.IsScalar()) return where + "script: expected a path, got " + describe(value);
+    if (!value.IsScalar())
+      return Error{where + "script: expected a path, got " + describe(value)};
     job.script = value.Scalar();
   } else if (name == "args") {
     if (!value.IsNull() && !value.IsSequence())
-      return where + "args: expected a list of arguments, got " + describe(value);
+      return Error{where + "args: expected a list of arguments, got " + describe(value)};
     for (const auto& arg : value) {
       if (!arg.IsScalar())
-        return where + "args: expected a list of arguments, got " + describe(arg) + " in it";
+        return Error{where + "args: expected a list of arguments, got " + describe(arg) +
+                     " in it"};
       job.script_args.push_back(arg.Scalar());
     }
   } else if (name == "env") {
     if (!value.IsNull() && !value.IsMap())
-      return where + "env: expected a map of NAME: value, got " + describe(value);
+      return Error{where + "env: expected a map of NAME: value, got " + describe(value)};
     for (const auto& variable : value) {
       const std::string at =
           path + ":" + std::to_string(variable.first.Mark().line + 1) + ": env: ";
       if (!variable.first.IsScalar() || variable.first.Scalar().empty() ||
           variable.first.Scalar().find('=') != std::string::npos)
-        return at + "expected a variable name, got " + describe(variable.first);
+        return Error{at + "expected a variable name, got " + describe(variable.first)};
       if (!variable.second.IsNull() && !variable.second.IsScalar())
-        return at + variable.first.Scalar() + ": expected a string, got " +
-               describe(variable.second);
+        return Error{at + variable.first.Scalar() + ": expected a string, got " +
+                     describe(variable.second)};
       job.env[variable.first.Scalar()] = variable.second.IsNull() ? "" : variable.second.Scalar();
     }
   } else if (!value.IsNull()) {  // A key left empty keeps the default.
     auto text = command_line_value(*option, name, value);
     if (!text)
-      return where + key + ": expected " + expected(*option, name) + ", got " + describe(value);
+      return Error{where + key + ": expected " + expected(*option, name) + ", got " +
+                   describe(value)};
     try {
       app.parse(std::vector<std::string>{"--" + name + "=" + *text});
     } catch (const CLI::ParseError&) {
-      return where + key + ": expected " + expected(*option, name) + ", got '" + *text + "'";
+      return Error{where + key + ": expected " + expected(*option, name) + ", got '" + *text +
+                   "'"};
     }
     job.flag_lines[name] = line;
   }
-  return std::nullopt;
+  return {};
 }
 
 }  // namespace
@@ -180,20 +185,22 @@ std::string JobFile::locate(const std::string& message) const {
   return message;
 }
 
-std::variant<JobFile, std::string> apply_job_file(CLI::App& app, const std::string& path) {
+Expected<JobFile> apply_job_file(CLI::App& app, const std::string& path) {
   YAML::Node root;
   try {
     root = YAML::LoadFile(path);
   } catch (const YAML::BadFile&) {
-    return path + ": cannot read the job file";
+    return Error{path + ": cannot read the job file"};
   } catch (const YAML::Exception& error) {
-    return path + ":" + std::to_string(error.mark.line + 1) + ": not valid YAML: " + error.msg;
+    return Error{path + ":" + std::to_string(error.mark.line + 1) +
+                 ": not valid YAML: " + error.msg};
   }
   JobFile job;
   job.path = path;
   if (root.IsNull()) return job;
   if (!root.IsMap())
-    return path + ": expected a map of flags (nproc-per-node: 2, ...), got " + describe(root);
+    return Error{path + ": expected a map of flags (nproc-per-node: 2, ...), got " +
+                 describe(root)};
 
   // Meanwhile PET_* variables stay out, so that an error is the file's own.
   std::vector<std::pair<CLI::Option*, std::string>> envnames;
@@ -203,9 +210,11 @@ std::variant<JobFile, std::string> apply_job_file(CLI::App& app, const std::stri
   }
   std::map<std::string, int> seen;
   for (const auto& entry : root)
-    if (auto error = read_key(app, path, entry.first, entry.second, job, seen)) return *error;
+    if (auto read = read_key(app, path, entry.first, entry.second, job, seen); !read)
+      return read.error();
   if (!job.script && seen.contains("args"))
-    return path + ":" + std::to_string(seen["args"]) + ": args: needs script: beside it";
+    return Error{path + ":" + std::to_string(seen["args"]) +
+                 ": args: needs script: beside it"};
   for (auto& [option, envname] : envnames)
     if (option->get_lnames().empty() || !job.flag_lines.contains(option->get_lnames().front()))
       option->envname(envname);

@@ -7,8 +7,9 @@
 #include <map>
 #include <optional>
 #include <string>
-#include <variant>
 #include <vector>
+
+#include "common/expected.hpp"
 
 namespace mcprun {
 
@@ -30,6 +31,6 @@ struct JobFile {
 /// (the file beats the environment); parse the command line again afterwards so it beats both.
 /// Returns the one line to print on bad input ("job.yaml:7: unknown key 'nprocs' (did you mean
 /// nproc-per-node?)").
-std::variant<JobFile, std::string> apply_job_file(CLI::App& app, const std::string& path);
+Expected<JobFile> apply_job_file(CLI::App& app, const std::string& path);
 
 }  // namespace mcprun

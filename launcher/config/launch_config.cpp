@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "common/endpoint.hpp"
+#include "common/version.hpp"
 #include "launcher/config/job_file.hpp"
 #include "launcher/config/slurm.hpp"
 #include "common/sys.hpp"
@@ -69,34 +71,6 @@ std::string env_name_for(const std::string& dashed) {
   return name;
 }
 
-/// A host and, when given, a port, from HOST[:PORT] or [IPV6][:PORT] (torch's
-/// parse_rendezvous_endpoint); nullopt when malformed.
-struct Endpoint {
-  std::string host;
-  std::optional<int> port;
-};
-std::optional<Endpoint> parse_endpoint(const std::string& text) {
-  Endpoint endpoint;
-  std::string port_text;
-  if (text.size() > 1 && text.front() == '[' && text.back() == ']') {
-    endpoint.host = text;
-  } else if (auto colon = text.rfind(':'); colon != std::string::npos) {
-    endpoint.host = text.substr(0, colon);
-    port_text = text.substr(colon + 1);
-    if (port_text.empty() || port_text.size() > 5 ||
-        port_text.find_first_not_of("0123456789") != std::string::npos)
-      return std::nullopt;
-    endpoint.port = std::stoi(port_text);
-    if (*endpoint.port > 65535) return std::nullopt;
-  } else {
-    endpoint.host = text;
-  }
-  if (endpoint.host.size() > 1 && endpoint.host.front() == '[' && endpoint.host.back() == ']')
-    endpoint.host = endpoint.host.substr(1, endpoint.host.size() - 2);
-  if (endpoint.host.empty()) return std::nullopt;
-  return endpoint;
-}
-
 /// The signals --signals-to-handle may name: the four that stop the group by default, the two
 /// that are only forwarded, and the other terminating ones a scheduler may send first.
 constexpr std::pair<const char*, int> kHandledSignals[] = {
@@ -122,8 +96,8 @@ std::optional<bool> parse_bool(std::string value) {
 }
 
 /// Applies --rdzv-conf to `config`: quotes stripped, honoured keys checked, torch's other keys
-/// collected in one warning. Returns the usage error, if any.
-std::optional<std::string> apply_rdzv_conf(const std::string& text, LaunchConfig& config) {
+/// collected in one warning.
+Expected<void> apply_rdzv_conf(const std::string& text, LaunchConfig& config) {
   std::vector<std::string> unused;
   std::stringstream in(unquoted(text));
   for (std::string raw; std::getline(in, raw, ',');) {
@@ -132,23 +106,24 @@ std::optional<std::string> apply_rdzv_conf(const std::string& text, LaunchConfig
     const auto eq = item.find('=');
     const std::string key = unquoted(item.substr(0, eq));
     const std::string value = eq == std::string::npos ? "" : unquoted(item.substr(eq + 1));
-    if (value.empty()) return "--rdzv-conf " + item + ": expected key=value";
+    if (value.empty()) return Error{"--rdzv-conf " + item + ": expected key=value"};
     if (key == "join_timeout" || key == "last_call_timeout") {
       char* end = nullptr;
       const double seconds = std::strtod(value.c_str(), &end);
       if (!end || *end != '\0' || !(seconds > 0))
-        return "--rdzv-conf " + item + ": expected " + key + "=SECONDS (a number > 0)";
+        return Error{"--rdzv-conf " + item + ": expected " + key + "=SECONDS (a number > 0)"};
       (key == "join_timeout" ? config.join_timeout : config.last_call_timeout) = seconds;
     } else if (key == "is_host") {
       config.is_host = parse_bool(value);
-      if (!config.is_host) return "--rdzv-conf " + item + ": expected is_host=true|false|1|0";
+      if (!config.is_host)
+        return Error{"--rdzv-conf " + item + ": expected is_host=true|false|1|0"};
     } else if (std::find_if(std::begin(kUnusedRdzvKeys), std::end(kUnusedRdzvKeys),
                             [&](const char* known) { return key == known; }) !=
                std::end(kUnusedRdzvKeys)) {
       unused.push_back(key);
     } else {
-      return "--rdzv-conf " + item + ": unknown key; mcprun honours join_timeout, "
-             "last_call_timeout and is_host (and accepts torchrun's other keys)";
+      return Error{"--rdzv-conf " + item + ": unknown key; mcprun honours join_timeout, "
+                   "last_call_timeout and is_host (and accepts torchrun's other keys)"};
     }
   }
   if (!unused.empty()) {
@@ -158,7 +133,7 @@ std::optional<std::string> apply_rdzv_conf(const std::string& text, LaunchConfig
                               " accepted for torchrun and unused by mcprun (it honours "
                               "join_timeout, last_call_timeout and is_host)");
   }
-  return std::nullopt;
+  return {};
 }
 
 /// Whether `option` reads a value (so the next argument is its value, not the script).
@@ -167,7 +142,7 @@ bool takes_value(const CLI::Option& option) { return option.get_type_size_max() 
 /// argparse's allow_abbrev for the flags before the script: an unambiguous prefix of a long flag
 /// ("--nproc_per=2", "--redirect 3") becomes that flag, spelled as typed ("-" or "_"). The names
 /// are CLI11's own. An ambiguous prefix is a usage error naming the candidates.
-std::variant<std::vector<std::string>, UsageError> expand_abbreviations(
+Expected<std::vector<std::string>> expand_abbreviations(
     const CLI::App& app, const std::vector<std::string>& args) {
   const auto options = app.get_options();
   std::vector<std::string> expanded;
@@ -206,7 +181,7 @@ std::variant<std::vector<std::string>, UsageError> expand_abbreviations(
       if (!found && matches.size() > 1) {
         std::string names;
         for (const auto& match : matches) names += (names.empty() ? "--" : ", --") + match.second;
-        return UsageError{"ambiguous option: --" + name + " could match " + names};
+        return Error{"ambiguous option: --" + name + " could match " + names};
       }
       if (!found && matches.size() == 1) {
         found = matches.front().first;
@@ -228,7 +203,7 @@ std::variant<std::vector<std::string>, UsageError> expand_abbreviations(
 
 }  // namespace
 
-std::optional<std::set<int>> parse_signal_list(const std::string& text, std::string* error) {
+Expected<std::set<int>> parse_signal_list(const std::string& text) {
   std::set<int> signals;
   std::stringstream in(unquoted(text));
   for (std::string raw; std::getline(in, raw, ',');) {
@@ -241,9 +216,8 @@ std::optional<std::set<int>> parse_signal_list(const std::string& text, std::str
       std::string names;
       for (const auto& [signal_name, number] : kHandledSignals)
         names += (names.empty() ? "" : ", ") + std::string(signal_name);
-      *error = "--signals-to-handle " + unquoted(raw) + ": not a signal mcprun can handle; expected " +
-               "a comma-separated list of " + names;
-      return std::nullopt;
+      return Error{"--signals-to-handle " + unquoted(raw) + ": not a signal mcprun can handle; " +
+                   "expected a comma-separated list of " + names};
     }
     signals.insert(known->second);
   }
@@ -287,7 +261,7 @@ std::optional<StreamSpec> parse_stream_spec(const std::string& text) {
 namespace {
 
 /// parse_launch_config, recording in `job` what a --config job file set.
-ParseResult parse_arguments(const std::vector<std::string>& args, JobFile& job) {
+Expected<LaunchRequest> parse_arguments(const std::vector<std::string>& args, JobFile& job) {
   LaunchConfig config;
   CLI::App app{
       "mcprun: a native drop-in for torchrun. Spawns one fresh process per worker, pins each to\n"
@@ -298,7 +272,7 @@ ParseResult parse_arguments(const std::vector<std::string>& args, JobFile& job) 
       "mcprun"};
   app.prefix_command();  // Everything from the script on belongs to the script.
   app.option_defaults()->always_capture_default();
-  app.set_version_flag("--version", "mcprun 0.1.0");
+  app.set_version_flag("--version", "mcprun " + mcprun_version());
   app.footer(
       "\nExit codes: 0 every worker exited 0; 1-125 the first failing worker's own code; 1 mcprun\n"
       "could not proceed; 2 usage error; 3 the job stalled; 75 rendezvous failed or a node was lost;\n"
@@ -458,26 +432,25 @@ ParseResult parse_arguments(const std::vector<std::string>& args, JobFile& job) 
                "nnodes, node rank, master (first node of the step), port 20000 + job id % 10000, "
                "run id and GPUs from Slurm wherever no flag or PET_* variable sets them");
 
-  auto abbreviations_expanded = expand_abbreviations(app, args);
-  if (auto* error = std::get_if<UsageError>(&abbreviations_expanded)) return *error;
-  const auto& expanded = std::get<std::vector<std::string>>(abbreviations_expanded);
+  auto expanded = expand_abbreviations(app, args);
+  if (!expanded) return expanded.error();
   // CLI11 wants argv back to front.
-  const std::vector<std::string> reversed(expanded.rbegin(), expanded.rend());
+  const std::vector<std::string> reversed(expanded->rbegin(), expanded->rend());
   try {
     app.parse(std::vector<std::string>(reversed));
     if (!job_file_path.empty()) {
       auto loaded = apply_job_file(app, job_file_path);
-      if (auto* error = std::get_if<std::string>(&loaded)) return UsageError{*error};
-      job = std::move(std::get<JobFile>(loaded));
+      if (!loaded) return loaded.error();
+      job = std::move(*loaded);
       app.parse(std::vector<std::string>(reversed));  // The command line beats the file.
       std::erase_if(job.flag_lines, [&](const auto& flag) { return app.count("--" + flag.first) > 0; });
     }
   } catch (const CLI::CallForHelp&) {
-    return InfoRequest{app.help()};
+    return LaunchRequest{InfoRequest{app.help()}};
   } catch (const CLI::CallForVersion&) {
-    return InfoRequest{"mcprun 0.1.0\n"};
+    return LaunchRequest{InfoRequest{"mcprun " + mcprun_version() + "\n"}};
   } catch (const CLI::ParseError& error) {
-    return UsageError{error.what()};
+    return Error{error.what()};
   }
 
   std::vector<std::string> rest = app.remaining();
@@ -487,34 +460,35 @@ ParseResult parse_arguments(const std::vector<std::string>& args, JobFile& job) 
     rest.insert(rest.end(), job.script_args.begin(), job.script_args.end());
   }
   config.env = job.env;
-  if (rest.empty()) return UsageError{"no training script given (usage: mcprun [flags] SCRIPT [ARGS...])"};
+  if (rest.empty())
+    return Error{"no training script given (usage: mcprun [flags] SCRIPT [ARGS...])"};
   if (rest.front().size() > 1 && rest.front()[0] == '-')
-    return UsageError{"unknown flag " + rest.front() + " (see mcprun --help)"};
+    return Error{"unknown flag " + rest.front() + " (see mcprun --help)"};
   config.stack_dumps = !no_stack_dumps;
   config.script = rest.front();
   config.script_args.assign(rest.begin() + 1, rest.end());
 
   auto nproc = parse_nproc(nproc_text);
   if (nproc_text == "xpu")
-    return UsageError{"--nproc-per-node xpu: mcprun pins NVIDIA GPUs only; expected a count, cpu, "
-                      "gpu or auto"};
+    return Error{"--nproc-per-node xpu: mcprun pins NVIDIA GPUs only; expected a count, cpu, "
+                 "gpu or auto"};
   if (!nproc)
-    return UsageError{"--nproc-per-node " + nproc_text + ": expected a count >= 1, cpu, gpu or auto"};
+    return Error{"--nproc-per-node " + nproc_text + ": expected a count >= 1, cpu, gpu or auto"};
   config.nproc = *nproc;
 
   auto redirects = parse_stream_spec(redirects_text);
   if (!redirects)
-    return UsageError{"--redirects " + redirects_text + ": expected 0-3 or LOCAL_RANK:0-3,..."};
+    return Error{"--redirects " + redirects_text + ": expected 0-3 or LOCAL_RANK:0-3,..."};
   config.redirects = *redirects;
   auto tee = parse_stream_spec(tee_text);
-  if (!tee) return UsageError{"--tee " + tee_text + ": expected 0-3 or LOCAL_RANK:0-3,..."};
+  if (!tee) return Error{"--tee " + tee_text + ": expected 0-3 or LOCAL_RANK:0-3,..."};
   config.tee = *tee;
 
   if (!ranks_filter_text.empty()) {
     config.local_ranks_filter = parse_rank_list(ranks_filter_text);
     if (!config.local_ranks_filter)
-      return UsageError{"--local-ranks-filter " + ranks_filter_text +
-                        ": expected local ranks like 0,3"};
+      return Error{"--local-ranks-filter " + ranks_filter_text +
+                   ": expected local ranks like 0,3"};
   }
   if (!gpus_text.empty()) config.gpus = gpus_text;
   config.bind = bind_text == "numa" ? LaunchConfig::CpuBind::kNuma : LaunchConfig::CpuBind::kNone;
@@ -524,7 +498,8 @@ ParseResult parse_arguments(const std::vector<std::string>& args, JobFile& job) 
     return app.count("--" + dashed) > 0 || job.flag_lines.contains(dashed) ||
            std::getenv(env_name_for(dashed).c_str()) != nullptr;
   };
-  if (auto error = apply_slurm(config, current_environment(), set_by_user)) return UsageError{*error};
+  if (auto applied = apply_slurm(config, current_environment(), set_by_user); !applied)
+    return applied.error();
   {
     auto colon = config.nnodes.find(':');
     auto min_nodes = parse_int(std::string_view(config.nnodes).substr(0, colon));
@@ -532,26 +507,26 @@ ParseResult parse_arguments(const std::vector<std::string>& args, JobFile& job) 
                          ? min_nodes
                          : parse_int(std::string_view(config.nnodes).substr(colon + 1));
     if (!min_nodes || !max_nodes || *min_nodes < 1 || *max_nodes < *min_nodes)
-      return UsageError{"--nnodes " + config.nnodes + ": expected N or MIN:MAX with 1 <= MIN <= MAX"};
+      return Error{"--nnodes " + config.nnodes + ": expected N or MIN:MAX with 1 <= MIN <= MAX"};
     config.min_nodes = *min_nodes;
     config.max_nodes = *max_nodes;
   }
   if (config.node_rank && (*config.node_rank < 0 || *config.node_rank >= config.max_nodes))
-    return UsageError{"--node-rank " + std::to_string(*config.node_rank) + ": expected 0-" +
-                      std::to_string(config.max_nodes - 1)};
+    return Error{"--node-rank " + std::to_string(*config.node_rank) + ": expected 0-" +
+                 std::to_string(config.max_nodes - 1)};
   if (config.rdzv_backend == "static" && config.min_nodes != config.max_nodes)
-    return UsageError{"--nnodes " + config.nnodes + ": an elastic MIN:MAX job needs "
-                      "--rdzv-backend c10d and --rdzv-endpoint"};
+    return Error{"--nnodes " + config.nnodes + ": an elastic MIN:MAX job needs "
+                 "--rdzv-backend c10d and --rdzv-endpoint"};
   if (config.uses_rendezvous() && config.rdzv_endpoint.empty())
-    return UsageError{"--nnodes " + config.nnodes + " with --rdzv-backend " + config.rdzv_backend +
-                      " needs --rdzv-endpoint HOST:PORT"};
-  if (auto error = apply_rdzv_conf(config.rdzv_conf, config)) return UsageError{*error};
+    return Error{"--nnodes " + config.nnodes + " with --rdzv-backend " + config.rdzv_backend +
+                 " needs --rdzv-endpoint HOST:PORT"};
+  if (auto applied = apply_rdzv_conf(config.rdzv_conf, config); !applied) return applied.error();
   if (!labels_text.empty()) {
     std::stringstream in(labels_text);
     for (std::string item; std::getline(in, item, ',');) {
       auto eq = item.find('=');
       if (eq == std::string::npos || eq == 0 || eq + 1 == item.size())
-        return UsageError{"--topology-labels " + labels_text + ": expected key=value,..."};
+        return Error{"--topology-labels " + labels_text + ": expected key=value,..."};
       config.topology_labels[item.substr(0, eq)] = item.substr(eq + 1);
     }
   }
@@ -559,14 +534,15 @@ ParseResult parse_arguments(const std::vector<std::string>& args, JobFile& job) 
   const bool static_endpoint = config.rdzv_backend == "static" && !config.standalone &&
                                !config.rdzv_endpoint.empty();
   if (static_endpoint) {
-    auto endpoint = parse_endpoint(unquoted(config.rdzv_endpoint));
-    if (!endpoint || !endpoint->port)
-      return UsageError{"--rdzv-endpoint " + config.rdzv_endpoint +
-                        ": expected HOST:PORT or [IPV6]:PORT (the static backend's master)"};
+    // Port 0, as for a listener: the master reserves a free one.
+    auto endpoint = parse_endpoint(unquoted(config.rdzv_endpoint), kListenRules);
+    if (!endpoint)
+      return Error{"--rdzv-endpoint " + endpoint.error().message +
+                   " (the static backend's master)"};
     if (app.count("--master-addr") > 0 && config.master_addr != endpoint->host)
       config.warnings.push_back("--master-addr " + config.master_addr + " is ignored: --rdzv-endpoint " +
                                 config.rdzv_endpoint + " names the master (as in torchrun)");
-    if (config.master_port && *config.master_port != *endpoint->port)
+    if (config.master_port && *config.master_port != endpoint->port)
       config.warnings.push_back("--master-port " + std::to_string(*config.master_port) +
                                 " is ignored: --rdzv-endpoint " + config.rdzv_endpoint +
                                 " names the master (as in torchrun)");
@@ -578,37 +554,36 @@ ParseResult parse_arguments(const std::vector<std::string>& args, JobFile& job) 
   if (config.max_nodes > 1 && config.rdzv_backend == "static" && !config.master_port)
     config.master_port = 29500;
   if (config.master_port && (*config.master_port < 1 || *config.master_port > 65535))
-    return UsageError{"--master-port " + std::to_string(*config.master_port) +
-                      ": expected 1-65535"};
+    return Error{"--master-port " + std::to_string(*config.master_port) +
+                 ": expected 1-65535"};
   if (config.rdzv_backend != "static" && config.rdzv_backend != "c10d")
-    return UsageError{"--rdzv-backend " + config.rdzv_backend + ": expected static or c10d"};
+    return Error{"--rdzv-backend " + config.rdzv_backend + ": expected static or c10d"};
   if (config.module && config.no_python)
-    return UsageError{"--module and --no-python cannot be used together"};
+    return Error{"--module and --no-python cannot be used together"};
   if (config.start_method != "spawn")
     config.warnings.push_back("--start-method " + config.start_method +
                               " is ignored: every worker is a fresh exec'ed process (spawn)");
-  std::string signals_error;
-  auto signals = parse_signal_list(signals_text, &signals_error);
-  if (!signals) return UsageError{signals_error};
+  auto signals = parse_signal_list(signals_text);
+  if (!signals) return signals.error();
   config.signals_to_handle = *signals;
   if (!numa_text.empty()) {
     config.numa_binding = parse_numa_binding(numa_text);
     if (!config.numa_binding)
-      return UsageError{"--numa-binding " + numa_text +
-                        ": expected node, socket, exclusive or core-complex"};
+      return Error{"--numa-binding " + numa_text +
+                   ": expected node, socket, exclusive or core-complex"};
   }
   if (event_log_handler != "null")
     config.warnings.push_back("--event-log-handler " + event_log_handler +
                               " is ignored: mcprun has no event log handlers");
   if (!logs_specs.empty() && logs_specs != "default")
-    return UsageError{"--logs-specs " + logs_specs + ": mcprun has only torchrun's default "
-                      "LogsSpecs (default); its logs are laid out by --log-dir, --redirects and --tee"};
+    return Error{"--logs-specs " + logs_specs + ": mcprun has only torchrun's default "
+                 "LogsSpecs (default); its logs are laid out by --log-dir, --redirects and --tee"};
   for (const auto* filters : {&stdout_filters, &stderr_filters})
     if (!unquoted(*filters).empty())
-      return UsageError{std::string(filters == &stdout_filters ? "--duplicate-stdout-filters "
-                                                               : "--duplicate-stderr-filters ") +
-                        *filters + ": mcprun does not copy matching lines to a second file; keep "
-                        "every line with --log-dir and grep its stdout.log/stderr.log"};
+      return Error{std::string(filters == &stdout_filters ? "--duplicate-stdout-filters "
+                                                          : "--duplicate-stderr-filters ") +
+                   *filters + ": mcprun does not copy matching lines to a second file; keep "
+                   "every line with --log-dir and grep its stdout.log/stderr.log"};
   if (app.count("--term-timeout") == 0 && !job.flag_lines.contains("term-timeout") &&
       std::getenv("PET_TERM_TIMEOUT") == nullptr) {
     if (shutdown_timeout) {
@@ -617,8 +592,8 @@ ParseResult parse_arguments(const std::vector<std::string>& args, JobFile& job) 
       char* end = nullptr;
       const double seconds = std::strtod(torch_timeout, &end);
       if (!*torch_timeout || *end != '\0' || !(seconds >= 0))
-        return UsageError{std::string("TORCH_ELASTIC_SHUTDOWN_TIMEOUT=") + torch_timeout +
-                          ": expected seconds >= 0"};
+        return Error{std::string("TORCH_ELASTIC_SHUTDOWN_TIMEOUT=") + torch_timeout +
+                     ": expected seconds >= 0"};
       config.term_timeout = seconds;
     }
   }
@@ -632,16 +607,16 @@ ParseResult parse_arguments(const std::vector<std::string>& args, JobFile& job) 
   else if (!static_endpoint && !config.local_addr.empty() && app.count("--master-addr") == 0 &&
            !job.flag_lines.contains("master-addr") && std::getenv("PET_MASTER_ADDR") == nullptr)
     config.master_addr = config.local_addr;
-  return config;
+  return LaunchRequest{std::move(config)};
 }
 
 }  // namespace
 
-ParseResult parse_launch_config(const std::vector<std::string>& args) {
+Expected<LaunchRequest> parse_launch_config(const std::vector<std::string>& args) {
   JobFile job;
-  ParseResult result = parse_arguments(args, job);
+  auto result = parse_arguments(args, job);
   // A file's value that CLI11 took and mcprun's own checks refused is still named at its line.
-  if (auto* error = std::get_if<UsageError>(&result)) error->message = job.locate(error->message);
+  if (!result) return Error{job.locate(result.error().message)};
   return result;
 }
 

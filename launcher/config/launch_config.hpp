@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/cpu_topology.hpp"
+#include "common/expected.hpp"
 
 namespace mcprun {
 
@@ -103,20 +104,18 @@ struct LaunchConfig {
   bool under_slurm = false;             ///< Settings came from a Slurm step: a SIGTERM is Slurm's cancel.
 };
 
-/// Bad input: the one line to print, and that the exit code is kExitUsage.
-struct UsageError {
-  std::string message;
-};
 /// `--help` or `--version`: text to print and exit 0.
 struct InfoRequest {
   std::string text;
 };
 
-using ParseResult = std::variant<LaunchConfig, UsageError, InfoRequest>;
+/// What a good command line asks for: a launch, or only text to print.
+using LaunchRequest = std::variant<LaunchConfig, InfoRequest>;
 
 /// Parses argv (without the subcommand) against the environment, for `PET_*` fallbacks, and
-/// the --config job file (the command line beats the file, which beats PET_* variables).
-ParseResult parse_launch_config(const std::vector<std::string>& args);
+/// the --config job file (the command line beats the file, which beats PET_* variables). Every
+/// error is bad input: the caller exits with kExitUsage.
+Expected<LaunchRequest> parse_launch_config(const std::vector<std::string>& args);
 
 /// The variable torchrun 2.x reads the console prefix from; mcprun reads it for itself.
 inline constexpr const char* kLogLinePrefixTemplateVariable = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE";
@@ -124,9 +123,9 @@ inline constexpr const char* kLogLinePrefixTemplateVariable = "TORCHELASTIC_LOG_
 /// torchrun's default --signals-to-handle.
 inline constexpr const char* kDefaultSignalsToHandle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
 
-/// Parses --signals-to-handle ("SIGTERM,SIGUSR1", the SIG optional); on an unknown or
-/// uncatchable name, sets `error` to the one line naming it.
-std::optional<std::set<int>> parse_signal_list(const std::string& text, std::string* error);
+/// Parses --signals-to-handle ("SIGTERM,SIGUSR1", the SIG optional); an unknown or uncatchable
+/// name is an error naming it.
+Expected<std::set<int>> parse_signal_list(const std::string& text);
 
 /// The list as torchrun passes it to workers (TORCHELASTIC_SIGNALS_TO_HANDLE): names, in the
 /// order of the default list first.

@@ -12,6 +12,8 @@
 #include <memory>
 #include <sstream>
 
+#include "common/endpoint.hpp"
+
 namespace mcprun {
 namespace {
 
@@ -110,9 +112,14 @@ std::optional<std::string> getaddrinfo_address(const std::string& host) {
   return std::nullopt;
 }
 
+Error not_a_hostlist(std::string_view text) {
+  return Error{"hostlist " + std::string(text) +
+               ": not a Slurm hostlist expression (like n[1-4],gpu-[01-02])"};
+}
+
 }  // namespace
 
-std::variant<std::vector<std::string>, std::string> expand_hostlist(std::string_view text) {
+Expected<std::vector<std::string>> expand_hostlist(std::string_view text) {
   std::vector<std::string> hosts;
   size_t depth = 0, start = 0;
   auto take = [&](size_t end) -> bool {
@@ -129,10 +136,9 @@ std::variant<std::vector<std::string>, std::string> expand_hostlist(std::string_
     if (c == '[') ++depth;
     else if (c == ']' && depth > 0) --depth;
     else if ((c == ',' || c == ' ' || c == '\n') && depth == 0 && !take(i))
-      return "hostlist " + std::string(text) + ": not a Slurm hostlist expression (like n[1-4],gpu-[01-02])";
+      return not_a_hostlist(text);
   }
-  if (depth != 0 || hosts.empty())
-    return "hostlist " + std::string(text) + ": not a Slurm hostlist expression (like n[1-4],gpu-[01-02])";
+  if (depth != 0 || hosts.empty()) return not_a_hostlist(text);
   return hosts;
 }
 
@@ -164,60 +170,63 @@ int SlurmStep::master_port() const {
   return kSlurmPortBase + static_cast<int>(id);
 }
 
-std::variant<std::monostate, SlurmStep, std::string> detect_slurm_step(const Environment& env) {
-  if (lookup(env, "MCPRUN_SLURM") == "0") return std::monostate{};
+Expected<std::optional<SlurmStep>> detect_slurm_step(const Environment& env) {
+  const std::optional<SlurmStep> not_under_slurm;
+  if (lookup(env, "MCPRUN_SLURM") == "0") return not_under_slurm;
   auto job_id = lookup(env, "SLURM_JOB_ID");
   auto step_id = first_of(env, {"SLURM_STEP_ID", "SLURM_STEPID"});
-  if (!job_id || !step_id) return std::monostate{};
+  if (!job_id || !step_id) return not_under_slurm;
   SlurmStep step;
   step.job_id = *job_id;
   step.step_id = *step_id;
 
-  auto number = [&](std::initializer_list<const char*> names, int fallback) -> std::variant<int, std::string> {
+  auto number = [&](std::initializer_list<const char*> names, int fallback) -> Expected<int> {
     for (const char* name : names) {
       auto value = lookup(env, name);
       if (!value) continue;
       auto parsed = parse_number(*value);
       if (!parsed || *parsed > 1000000)
-        return std::string(name) + "=" + *value + ": expected a number (is this a Slurm step?)";
+        return Error{std::string(name) + "=" + *value +
+                     ": expected a number (is this a Slurm step?)"};
       return static_cast<int>(*parsed);
     }
     return fallback;
   };
   auto nnodes = number({"SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"}, 1);
-  if (auto* error = std::get_if<std::string>(&nnodes)) return *error;
-  step.nnodes = std::get<int>(nnodes);
+  if (!nnodes) return nnodes.error();
+  step.nnodes = *nnodes;
   auto node_id = number({"SLURM_NODEID"}, 0);
-  if (auto* error = std::get_if<std::string>(&node_id)) return *error;
-  step.node_id = std::get<int>(node_id);
+  if (!node_id) return node_id.error();
+  step.node_id = *node_id;
   if (step.nnodes < 1 || step.node_id >= step.nnodes)
-    return "SLURM_NODEID=" + std::to_string(step.node_id) + " is not below the step's " +
-           std::to_string(step.nnodes) + " node(s)";
+    return Error{"SLURM_NODEID=" + std::to_string(step.node_id) + " is not below the step's " +
+                 std::to_string(step.nnodes) + " node(s)"};
 
   if (auto nodelist = first_of(env, {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"})) {
     auto hosts = expand_hostlist(*nodelist);
-    if (auto* error = std::get_if<std::string>(&hosts)) return *error;
-    step.hosts = std::move(std::get<std::vector<std::string>>(hosts));
+    if (!hosts) return hosts.error();
+    step.hosts = std::move(*hosts);
   }
 
   // The task count: the step's own variables, else the job's. srun -n 8 gives 8(x1) or NTASKS 8.
   const auto tasks_text = first_of(env, {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"});
   if (tasks_text) {
     auto counts = expand_tasks_per_node(*tasks_text);
-    if (!counts) return "SLURM_TASKS_PER_NODE=" + *tasks_text + ": expected counts like 1(x2)";
+    if (!counts)
+      return Error{"SLURM_TASKS_PER_NODE=" + *tasks_text + ": expected counts like 1(x2)"};
     step.max_tasks_per_node = *std::max_element(counts->begin(), counts->end());
   } else if (auto per_node = lookup(env, "SLURM_NTASKS_PER_NODE"); per_node && parse_number(*per_node)) {
     step.max_tasks_per_node = static_cast<int>(*parse_number(*per_node));
   }
   auto ntasks = number({"SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"}, step.nnodes);
-  if (auto* error = std::get_if<std::string>(&ntasks)) return *error;
-  if (std::get<int>(ntasks) > step.nnodes)
+  if (!ntasks) return ntasks.error();
+  if (*ntasks > step.nnodes)
     step.max_tasks_per_node = std::max(step.max_tasks_per_node, 2);
 
   // What Slurm granted: the gres CUDA_VISIBLE_DEVICES it set (renumbered inside a device cgroup),
   // else the step's GPU indices, else the job's.
   step.gpus = first_of(env, {"CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS"});
-  return step;
+  return std::optional<SlurmStep>(std::move(step));
 }
 
 std::optional<std::string> resolve_slurm_host(const std::string& host) {
@@ -225,7 +234,8 @@ std::optional<std::string> resolve_slurm_host(const std::string& host) {
   if (!plain_host_name(host)) return std::nullopt;
   // A node name DNS does not know: Slurm's own NodeAddr for it. The name was checked above,
   // so the shell sees only [A-Za-z0-9._-].
-  const std::string command = "timeout 5 scontrol -o show node " + host + " 2>/dev/null";
+  const std::string command = "timeout " + std::to_string(kScontrolTimeout.count()) +
+                              " scontrol -o show node " + host + " 2>/dev/null";
   std::unique_ptr<FILE, int (*)(FILE*)> pipe(::popen(command.c_str(), "r"), ::pclose);
   if (!pipe) return std::nullopt;
   std::string output;
@@ -259,18 +269,18 @@ double slurm_kill_wait(const Environment& env) {
   return kSlurmDefaultKillWait;
 }
 
-std::optional<std::string> apply_slurm(LaunchConfig& config, const Environment& env,
-                                       const ExplicitFlag& set_by_user,
-                                       const std::function<std::optional<std::string>(const std::string&)>& resolve) {
-  if (config.no_slurm || config.standalone) return std::nullopt;  // --standalone: one node, its own store.
+Expected<void> apply_slurm(
+    LaunchConfig& config, const Environment& env, const ExplicitFlag& set_by_user,
+    const std::function<std::optional<std::string>(const std::string&)>& resolve) {
+  if (config.no_slurm || config.standalone) return {};  // --standalone: one node, its own store.
   auto detected = detect_slurm_step(env);
-  if (auto* error = std::get_if<std::string>(&detected)) return *error;
-  auto* step = std::get_if<SlurmStep>(&detected);
-  if (!step) return std::nullopt;
+  if (!detected) return detected.error();
+  if (!*detected) return {};
+  const SlurmStep* step = &**detected;
   if (step->max_tasks_per_node > 1)
-    return "Slurm started " + std::to_string(step->max_tasks_per_node) +
-           " tasks of mcprun on one node, and each would start every worker: run one per node, "
-           "srun --ntasks-per-node=1 mcprun ... (or --no-slurm)";
+    return Error{"Slurm started " + std::to_string(step->max_tasks_per_node) +
+                 " tasks of mcprun on one node, and each would start every worker: run one per "
+                 "node, srun --ntasks-per-node=1 mcprun ... (or --no-slurm)"};
   config.under_slurm = true;
 
   std::vector<std::string> taken;
@@ -293,12 +303,10 @@ std::optional<std::string> apply_slurm(LaunchConfig& config, const Environment& 
     const std::string& first = step->hosts.front();
     auto address = resolve(first);
     if (!address)
-      return "Slurm's first node " + first + " resolves to no address (getaddrinfo, scontrol show "
-             "node): give --master-addr (or --rdzv-endpoint) yourself";
+      return Error{"Slurm's first node " + first + " resolves to no address (getaddrinfo, "
+                   "scontrol show node): give --master-addr (or --rdzv-endpoint) yourself"};
     if (rendezvous) {
-      const int port = step->master_port();
-      const bool ipv6 = address->find(':') != std::string::npos;
-      config.rdzv_endpoint = (ipv6 ? "[" + *address + "]" : *address) + ":" + std::to_string(port);
+      config.rdzv_endpoint = Endpoint{*address, step->master_port(), ""}.text();
       if (!config.is_host) config.is_host = step->node_id == 0;
       taken.push_back("rendezvous " + config.rdzv_endpoint + " (" + first + ", hosted by node 0)");
     } else {
@@ -337,7 +345,7 @@ std::optional<std::string> apply_slurm(LaunchConfig& config, const Environment& 
     line += ": every setting was given explicitly";
   }
   config.notes.push_back(line + " (--no-slurm ignores Slurm)");
-  return std::nullopt;
+  return {};
 }
 
 }  // namespace mcprun

@@ -2,13 +2,14 @@
 // this node's rank, the master, the run id, the GPUs granted), and Slurm's hostlist expressions.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
-#include <variant>
 #include <vector>
 
+#include "common/expected.hpp"
 #include "common/sys.hpp"
 #include "launcher/config/launch_config.hpp"
 
@@ -25,11 +26,14 @@ inline constexpr int kSlurmPortSpan = 10000;
 inline constexpr double kSlurmDefaultKillWait = 30;
 /// How much of KillWait mcprun keeps for itself (reaping, its report) after its workers' grace.
 inline constexpr double kSlurmKillWaitMargin = 2;
+/// How long `scontrol show node` may take to name a node's address: a wedged slurmctld must not
+/// hold up the launch.
+inline constexpr std::chrono::seconds kScontrolTimeout{5};
 
 /// Expands a hostlist expression as `scontrol show hostnames` does: "n[1-2],gpu-[01-04,07]",
 /// zero padding kept, several bracket groups in one name multiplied out. The one-line error
 /// names the expression otherwise.
-std::variant<std::vector<std::string>, std::string> expand_hostlist(std::string_view text);
+Expected<std::vector<std::string>> expand_hostlist(std::string_view text);
 
 /// Expands Slurm's task-count lists: "8(x2),4" -> {8, 8, 4}; nullopt when malformed.
 std::optional<std::vector<int>> expand_tasks_per_node(std::string_view text);
@@ -48,8 +52,8 @@ struct SlurmStep {
 };
 
 /// The step mcprun runs in, or nullopt when not under Slurm (no SLURM_JOB_ID or no step) or
-/// when MCPRUN_SLURM=0. A malformed variable is an error string naming it.
-std::variant<std::monostate, SlurmStep, std::string> detect_slurm_step(const Environment& env);
+/// when MCPRUN_SLURM=0. A malformed variable is an error naming it.
+Expected<std::optional<SlurmStep>> detect_slurm_step(const Environment& env);
 
 /// Resolves `host` to an address the other nodes can reach: getaddrinfo, else the NodeAddr
 /// Slurm knows it by (scontrol show node). nullopt when neither works.
@@ -66,10 +70,10 @@ using ExplicitFlag = std::function<bool(const std::string& dashed)>;
 /// Fills what the user left unset from the step: nnodes, node rank, master address and port
 /// (or, with --rdzv-backend c10d, the rendezvous endpoint that node 0 hosts), run id, GPUs and
 /// the SIGTERM grace within KillWait. Adds the one info line that says what came from Slurm.
-/// Returns the one-line usage error (more than one task per node, a malformed variable).
-std::optional<std::string> apply_slurm(LaunchConfig& config, const Environment& env,
-                                       const ExplicitFlag& set_by_user,
-                                       const std::function<std::optional<std::string>(const std::string&)>&
-                                           resolve = resolve_slurm_host);
+/// Fails with the one-line usage error (more than one task per node, a malformed variable).
+Expected<void> apply_slurm(LaunchConfig& config, const Environment& env,
+                           const ExplicitFlag& set_by_user,
+                           const std::function<std::optional<std::string>(const std::string&)>&
+                               resolve = resolve_slurm_host);
 
 }  // namespace mcprun

@@ -1,9 +1,9 @@
 // A free MASTER_PORT that stays ours until the job ends, without torchrun's bind-close-reuse race.
 #pragma once
 
-#include <optional>
 #include <string>
 
+#include "common/expected.hpp"
 #include "common/unique_fd.hpp"
 
 namespace mcprun {
@@ -18,7 +18,7 @@ namespace mcprun {
 class PortReservation {
  public:
   /// Reserves `port` (0: any free one); an error message naming the failing call otherwise.
-  static std::optional<PortReservation> reserve(std::string* error, int port = 0);
+  static Expected<PortReservation> reserve(int port = 0);
 
   int port() const { return port_; }
   /// Hands the bound socket over (to the job store, which listens on it); the reservation is

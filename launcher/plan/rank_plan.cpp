@@ -45,9 +45,8 @@ std::string worker_python(const Environment& env) {
   return exec != env.end() && !exec->second.empty() ? exec->second : "python3";
 }
 
-std::variant<RankPlan, UsageError> build_rank_plan(const LaunchConfig& config,
-                                                   std::vector<GpuDevice> discovered,
-                                                   const Environment& inherited, int master_port) {
+Expected<RankPlan> build_rank_plan(const LaunchConfig& config, std::vector<GpuDevice> discovered,
+                                   const Environment& inherited, int master_port) {
   RankPlan plan;
   plan.warnings = config.warnings;
 
@@ -57,7 +56,7 @@ std::variant<RankPlan, UsageError> build_rank_plan(const LaunchConfig& config,
     if (auto it = inherited.find("CUDA_VISIBLE_DEVICES"); it != inherited.end()) allowed = it->second;
   TopologyOrder order = topology_order(std::move(discovered), allowed);
   if (!order.error.empty())
-    return UsageError{(config.gpus ? "--gpus: " : "CUDA_VISIBLE_DEVICES: ") + order.error};
+    return Error{(config.gpus ? "--gpus: " : "CUDA_VISIBLE_DEVICES: ") + order.error};
   const int gpu_count = static_cast<int>(order.gpus.size());
   const int cpu_count = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 
@@ -67,7 +66,7 @@ std::variant<RankPlan, UsageError> build_rank_plan(const LaunchConfig& config,
     case NprocSpec::Kind::kCpu: nproc = cpu_count; break;
     case NprocSpec::Kind::kGpu:
       if (gpu_count == 0)
-        return UsageError{"--nproc-per-node gpu: no NVIDIA GPU found (use a count, cpu or auto)"};
+        return Error{"--nproc-per-node gpu: no NVIDIA GPU found (use a count, cpu or auto)"};
       nproc = gpu_count;
       break;
     case NprocSpec::Kind::kAuto: nproc = gpu_count > 0 ? gpu_count : cpu_count; break;
@@ -76,16 +75,16 @@ std::variant<RankPlan, UsageError> build_rank_plan(const LaunchConfig& config,
   // `-n cpu` asks for a CPU job; no GPU at all is a CPU job too, and not an error.
   plan.pinned = !config.no_pin && gpu_count > 0 && config.nproc.kind != NprocSpec::Kind::kCpu;
   if (plan.pinned && nproc > gpu_count)
-    return UsageError{std::to_string(nproc) + " GPU-pinned ranks but only " +
-                      std::to_string(gpu_count) +
-                      " GPU(s) allowed; lower --nproc-per-node or pass --no-pin to share GPUs"};
+    return Error{std::to_string(nproc) + " GPU-pinned ranks but only " +
+                 std::to_string(gpu_count) +
+                 " GPU(s) allowed; lower --nproc-per-node or pass --no-pin to share GPUs"};
 
   if (!config.module) {
     if (config.no_python) {
       if (!find_executable(config.script, search_path_of(inherited)))
-        return UsageError{"executable not found: " + config.script};
+        return Error{"executable not found: " + config.script};
     } else if (!std::filesystem::is_regular_file(config.script)) {
-      return UsageError{"training script not found: " + config.script};
+      return Error{"training script not found: " + config.script};
     }
   }
   if (config.no_python) {
@@ -93,7 +92,7 @@ std::variant<RankPlan, UsageError> build_rank_plan(const LaunchConfig& config,
   } else {
     const std::string python = worker_python(inherited);
     auto resolved = find_executable(python, search_path_of(inherited));
-    if (!resolved) return UsageError{"python interpreter not found: " + python + " (set PYTHON_EXEC)"};
+    if (!resolved) return Error{"python interpreter not found: " + python + " (set PYTHON_EXEC)"};
     plan.argv = {*resolved, "-u"};  // Unbuffered, as torchrun runs it, so output is live.
     if (config.module) plan.argv.push_back("-m");
     plan.argv.push_back(config.script);
@@ -130,10 +129,11 @@ std::variant<RankPlan, UsageError> build_rank_plan(const LaunchConfig& config,
     const CpuTopology cpus = read_cpu_topology();
     for (RankSlot& slot : plan.slots) {
       auto bound = numa_binding_cpus(*config.numa_binding, *slot.identity.gpu, order.gpus, cpus);
-      if (auto* error = std::get_if<std::string>(&bound))
-        return UsageError{"--numa-binding " + std::string(to_string(*config.numa_binding)) +
-                          ": local rank " + std::to_string(slot.identity.local_rank) + ": " + *error};
-      slot.cpus = std::move(std::get<std::vector<int>>(bound));
+      if (!bound)
+        return Error{"--numa-binding " + std::string(to_string(*config.numa_binding)) +
+                     ": local rank " + std::to_string(slot.identity.local_rank) + ": " +
+                     bound.error().message};
+      slot.cpus = std::move(*bound);
     }
   } else if (config.numa_binding) {
     plan.warnings.push_back("--numa-binding has no effect without pinned GPUs");
@@ -143,6 +143,7 @@ std::variant<RankPlan, UsageError> build_rank_plan(const LaunchConfig& config,
                             "unpinned job: ranks on one node can no longer tell their GPU apart");
   if (config.bind == LaunchConfig::CpuBind::kNuma && !plan.pinned)
     plan.warnings.push_back("--bind numa has no effect without pinned GPUs");
+  plan.nccl_log_files = config.nccl_debug;
   if (config.nccl_debug)
     plan.extra_env.insert({{"NCCL_DEBUG", "INFO"},
                            {"NCCL_DEBUG_SUBSYS", "INIT,NET"},
@@ -185,6 +186,17 @@ void place_in_job(RankPlan& plan, const JobPlacement& placement) {
     slot.identity.rank = placement.rank_offset + slot.identity.local_rank;
 }
 
+Environment worker_spawn_delta(const RankPlan& plan, const RankSlot& slot, int restart_count,
+                               const std::filesystem::path& rank_dir,
+                               const Environment& inherited) {
+  Environment delta = worker_env_delta(plan.job, slot.identity, restart_count,
+                                       worker_error_file(rank_dir).string(), inherited);
+  delta.insert(plan.extra_env.begin(), plan.extra_env.end());
+  if (plan.nccl_log_files && !inherited.contains("NCCL_DEBUG_FILE"))
+    delta["NCCL_DEBUG_FILE"] = nccl_log_pattern(rank_dir);
+  return delta;
+}
+
 std::string format_rank_plan(const RankPlan& plan, const Environment& inherited) {
   std::ostringstream out;
   out << "mcprun plan: " << plan.slots.size() << " worker(s), world size " << plan.job.world_size
@@ -195,11 +207,10 @@ std::string format_rank_plan(const RankPlan& plan, const Environment& inherited)
     out << "local rank " << worker.local_rank << " (rank " << worker.rank << ")\n"
         << "  gpu:  " << (worker.gpu ? describe_gpu(*worker.gpu) : "none") << "\n"
         << "  cpus: " << format_cpus(slot.cpus) << "\n  env:\n";
-    Environment delta = worker_env_delta(plan.job, worker, 0, "<run dir>/attempt_0/" +
-                                         std::to_string(worker.local_rank) + "/error.json",
-                                         inherited);
-    delta.insert(plan.extra_env.begin(), plan.extra_env.end());
-    for (const auto& [name, value] : delta) out << "    " << name << "=" << value << "\n";
+    const auto rank_dir =
+        std::filesystem::path(kDryRunDir) / "attempt_0" / std::to_string(worker.local_rank);
+    for (const auto& [name, value] : worker_spawn_delta(plan, slot, 0, rank_dir, inherited))
+      out << "    " << name << "=" << value << "\n";
     std::vector<std::string> quoted;
     for (const auto& arg : plan.argv) quoted.push_back(quote_arg(arg));
     out << "  argv: " << join(quoted, " ") << "\n";

@@ -1,11 +1,12 @@
 // The launch plan: which local rank runs what, on which GPU and CPUs. Built once, before spawning.
 #pragma once
 
+#include <filesystem>
 #include <optional>
 #include <string>
-#include <variant>
 #include <vector>
 
+#include "common/expected.hpp"
 #include "common/topology.hpp"
 #include "launcher/config/launch_config.hpp"
 #include "launcher/plan/worker_env.hpp"
@@ -25,6 +26,7 @@ struct RankPlan {
   std::vector<std::string> argv;  ///< The worker command line, identical for every rank.
   bool pinned = false;            ///< Workers get CUDA_VISIBLE_DEVICES.
   Environment extra_env;          ///< Job-wide additions, such as the socket interface.
+  bool nccl_log_files = false;    ///< --nccl-debug: NCCL writes each rank's log in its folder.
   std::vector<std::string> warnings;
 };
 
@@ -51,11 +53,31 @@ void set_socket_interface(RankPlan& plan, const std::string& interface, const En
 
 /// Resolves nproc, GPU pinning, CPU binding and the command line. Returns a one-line error for
 /// bad input (missing script, more pinned ranks than GPUs, no GPU for `-n gpu`, ...).
-std::variant<RankPlan, UsageError> build_rank_plan(const LaunchConfig& config,
-                                                   std::vector<GpuDevice> discovered,
-                                                   const Environment& inherited, int master_port);
+Expected<RankPlan> build_rank_plan(const LaunchConfig& config, std::vector<GpuDevice> discovered,
+                                   const Environment& inherited, int master_port);
 
-/// The --dry-run text: per rank its GPU, CPU set, environment delta and command line.
+/// Where --nccl-debug has NCCL write a rank's log (NCCL expands %h to the host, %p to the pid).
+inline std::string nccl_log_pattern(const std::filesystem::path& rank_dir) {
+  return (rank_dir / "nccl.%h.%p.log").string();
+}
+
+/// Where torch's @record writes a rank's error (TORCHELASTIC_ERROR_FILE).
+inline std::filesystem::path worker_error_file(const std::filesystem::path& rank_dir) {
+  return rank_dir / "error.json";
+}
+
+/// What --dry-run names the run's folder, which a dry run never creates.
+inline constexpr const char* kDryRunDir = "<run dir>";
+
+/// The one builder of what a worker is started with beyond the inherited environment: its
+/// torchrun variables (worker_env_delta), the plan's job-wide variables and --nccl-debug's log
+/// file. `rank_dir` is <run dir>/attempt_<n>/<local rank>. Spawning and --dry-run both use it.
+Environment worker_spawn_delta(const RankPlan& plan, const RankSlot& slot, int restart_count,
+                               const std::filesystem::path& rank_dir,
+                               const Environment& inherited);
+
+/// The --dry-run text: per rank its GPU, CPU set, environment delta and command line, the
+/// environment as worker_spawn_delta builds it for the first attempt.
 std::string format_rank_plan(const RankPlan& plan, const Environment& inherited);
 
 /// The `mcprun topo` text: GPUs with NUMA node and switch, then the rank mapping.

@@ -10,6 +10,7 @@
 #include <optional>
 #include <utility>
 
+#include "common/endpoint.hpp"
 #include "common/event_loop.hpp"
 #include "common/exit_status.hpp"
 #include "common/logging.hpp"
@@ -35,23 +36,21 @@ RendezvousClient::~RendezvousClient() {
 
 std::string RendezvousClient::local_address() const { return local_address_; }
 
-std::optional<std::string> RendezvousClient::connect() {
+Expected<void> RendezvousClient::connect() {
+  auto endpoint = parse_endpoint(endpoint_, kConnectRules);
+  if (!endpoint) return Error{"--rdzv-endpoint " + endpoint.error().message};
   boost::system::error_code ec;
-  if (endpoint_.rfind("unix:", 0) == 0) {
+  if (endpoint->is_unix()) {
     asio::local::stream_protocol::socket local(io_);
-    local.connect(asio::local::stream_protocol::endpoint(endpoint_.substr(5)), ec);
-    if (ec) return "cannot reach rendezvous at " + endpoint_ + ": " + ec.message();
+    local.connect(asio::local::stream_protocol::endpoint(endpoint->unix_path), ec);
+    if (ec) return Error{"cannot reach rendezvous at " + endpoint_ + ": " + ec.message()};
     socket_ = asio::generic::stream_protocol::socket(std::move(local));
     local_address_ = "127.0.0.1";  // The daemon's host is this host.
-    return std::nullopt;
+    return {};
   }
-  auto colon = endpoint_.rfind(':');
-  if (colon == std::string::npos || colon == 0)
-    return "--rdzv-endpoint " + endpoint_ + ": expected HOST:PORT or unix:PATH";
-  const std::string host = endpoint_.substr(0, colon), port = endpoint_.substr(colon + 1);
   tcp::resolver resolver(io_);
-  auto addresses = resolver.resolve(host, port, ec);
-  if (ec) return "cannot resolve rendezvous endpoint " + endpoint_ + ": " + ec.message();
+  auto addresses = resolver.resolve(endpoint->host, std::to_string(endpoint->port), ec);
+  if (ec) return Error{"cannot resolve rendezvous endpoint " + endpoint_ + ": " + ec.message()};
 
   tcp::socket socket(io_);
   std::optional<boost::system::error_code> connected;
@@ -59,21 +58,20 @@ std::optional<std::string> RendezvousClient::connect() {
                       [&](boost::system::error_code result, const tcp::endpoint&) { connected = result; });
   if (!run_until(io_, [&] { return connected.has_value(); }, kRendezvousConnectTimeout)) {
     socket.close(ec);
-    run_until(io_, [&] { return connected.has_value(); }, std::chrono::seconds(1));
-    return "rendezvous endpoint " + endpoint_ + " did not answer within " +
-           std::to_string(kRendezvousConnectTimeout.count()) + " s";
+    run_until(io_, [&] { return connected.has_value(); }, kCancelledConnectTimeout);
+    return Error{"rendezvous endpoint " + endpoint_ + " did not answer within " +
+                 std::to_string(kRendezvousConnectTimeout.count()) + " s"};
   }
   if (*connected)
-    return "cannot reach rendezvous at " + endpoint_ + ": " + connected->message() +
-           " (is rendezvousd running there?)";
+    return Error{"cannot reach rendezvous at " + endpoint_ + ": " + connected->message() +
+                 " (is rendezvousd running there?)"};
   local_address_ = socket.local_endpoint(ec).address().to_string();
   socket_ = asio::generic::stream_protocol::socket(std::move(socket));
-  return std::nullopt;
+  return {};
 }
 
-std::variant<Assignment, std::string> RendezvousClient::join(nlohmann::json join,
-                                                            std::chrono::milliseconds limit) {
-  if (auto error = connect()) return *error;
+Expected<Assignment> RendezvousClient::join(nlohmann::json join, std::chrono::milliseconds limit) {
+  if (auto connected = connect(); !connected) return connected.error();
   if (!join.contains("addr") || join["addr"].get<std::string>().empty()) join["addr"] = local_address();
   join["type"] = "join";
   join_ = join;
@@ -84,14 +82,14 @@ std::variant<Assignment, std::string> RendezvousClient::join(nlohmann::json join
     const std::string type = message_type(message);
     if (type == "joined") {
       auto joined = parse_joined(message);
-      if (auto* error = std::get_if<std::string>(&joined)) return ignore_malformed(*error);
-      heartbeat_interval_ = std::chrono::milliseconds(std::get<JoinedMessage>(joined).heartbeat_interval_ms);
+      if (!joined) return ignore_malformed(joined.error().message);
+      heartbeat_interval_ = std::chrono::milliseconds(joined->heartbeat_interval_ms);
       heartbeat();
     } else if (type == "progress") {
       if (!show_progress) return;
       auto parsed = parse_progress(message);
-      if (auto* error = std::get_if<std::string>(&parsed)) return ignore_malformed(*error);
-      const ProgressMessage& progress = std::get<ProgressMessage>(parsed);
+      if (!parsed) return ignore_malformed(parsed.error().message);
+      const ProgressMessage& progress = *parsed;
       const int min = progress.min_nodes, max = progress.max_nodes;
       std::string names;
       for (const auto& name : progress.names) names += (names.empty() ? "" : ", ") + name;
@@ -112,27 +110,27 @@ std::variant<Assignment, std::string> RendezvousClient::join(nlohmann::json join
   on_message_ = nullptr;  // It refers to this frame's locals.
   if (progress_shown) std::fputc('\n', stderr);
   if (!answered)
-    return "no rendezvous assignment within " + std::to_string(limit.count() / 1000) + " s";
-  if (!reply) return "the rendezvous at " + endpoint_ + " closed the connection";
+    return Error{"no rendezvous assignment within " + std::to_string(limit.count() / 1000) + " s"};
+  if (!reply) return Error{"the rendezvous at " + endpoint_ + " closed the connection"};
   const std::string type = message_type(*reply);
-  if (type == "lost") return "the rendezvous at " + endpoint_ + " closed the connection";
+  if (type == "lost") return Error{"the rendezvous at " + endpoint_ + " closed the connection"};
   if (type == "error") {
     auto refused = parse_text(*reply);
-    if (auto* error = std::get_if<std::string>(&refused)) return "rendezvous: malformed " + *error;
-    return "rendezvous: " + std::get<TextMessage>(refused).message;
+    if (!refused) return Error{"rendezvous: malformed " + refused.error().message};
+    return Error{"rendezvous: " + refused->message};
   }
-  if (type != "assignment") return "rendezvous: unexpected reply '" + type + "'";
+  if (type != "assignment") return Error{"rendezvous: unexpected reply '" + type + "'"};
   auto parsed = parse_assignment(*reply);
-  if (auto* error = std::get_if<std::string>(&parsed)) return "rendezvous: malformed " + *error;
-  const AssignmentMessage& assignment = std::get<AssignmentMessage>(parsed);
+  if (!parsed) return Error{"rendezvous: malformed " + parsed.error().message};
+  const AssignmentMessage& assignment = *parsed;
   assignment_ = Assignment{assignment.group_rank, assignment.group_world_size, assignment.world_size,
                            assignment.rank_offset, assignment.master_addr, assignment.master_port};
   return *assignment_;
 }
 
-std::variant<GrantedLease, std::string> RendezvousClient::lease(nlohmann::json request,
-                                                               std::chrono::milliseconds limit) {
-  if (auto error = connect()) return *error;
+Expected<GrantedLease> RendezvousClient::lease(nlohmann::json request,
+                                              std::chrono::milliseconds limit) {
+  if (auto connected = connect(); !connected) return connected.error();
   request["type"] = "lease";
   std::optional<nlohmann::json> reply;
   on_message_ = [&](const nlohmann::json& message) {
@@ -141,26 +139,26 @@ std::variant<GrantedLease, std::string> RendezvousClient::lease(nlohmann::json r
       return;
     }
     auto queued = parse_text(message);
-    if (auto* error = std::get_if<std::string>(&queued)) return ignore_malformed(*error);
+    if (!queued) return ignore_malformed(queued.error().message);
     spdlog::info("waiting up to {:g} s for a GPU lease: {}", request.value("wait_s", 0.0),
-                 std::get<TextMessage>(queued).message);
+                 queued->message);
   };
   send(request);
   read();
   const bool answered = run_until(io_, [&] { return reply.has_value() || closed_; }, limit);
   on_message_ = nullptr;  // It refers to this frame's locals.
   if (!answered)
-    return "rendezvousd at " + endpoint_ + " did not answer the lease request within " +
-           std::to_string(limit.count() / 1000) + " s";
-  if (!reply) return "rendezvousd at " + endpoint_ + " closed the connection";
+    return Error{"rendezvousd at " + endpoint_ + " did not answer the lease request within " +
+                 std::to_string(limit.count() / 1000) + " s"};
+  if (!reply) return Error{"rendezvousd at " + endpoint_ + " closed the connection"};
   if (message_type(*reply) == "error") {
     auto refused = parse_text(*reply);
-    if (auto* error = std::get_if<std::string>(&refused)) return "malformed " + *error;
-    return std::get<TextMessage>(refused).message;
+    if (!refused) return Error{"malformed " + refused.error().message};
+    return Error{refused->message};
   }
   auto parsed = parse_lease_grant(*reply);
-  if (auto* error = std::get_if<std::string>(&parsed)) return "rendezvousd sent a malformed " + *error;
-  const LeaseGrant& grant = std::get<LeaseGrant>(parsed);
+  if (!parsed) return Error{"rendezvousd sent a malformed " + parsed.error().message};
+  const LeaseGrant& grant = *parsed;
   heartbeat_interval_ = std::chrono::milliseconds(grant.heartbeat_interval_ms);
   heartbeat();  // The lease lasts as long as this connection does.
   GrantedLease granted{grant.gpus, grant.port};
@@ -182,30 +180,30 @@ void RendezvousClient::watch(PeerEvents events) {
     const std::string type = message_type(message);
     if (type == "failed") {
       auto parsed = parse_failed(message);
-      if (auto* error = std::get_if<std::string>(&parsed)) return ignore_malformed(*error);
-      const FailedNotice& failed = std::get<FailedNotice>(parsed);
+      if (!parsed) return ignore_malformed(parsed.error().message);
+      const FailedNotice& failed = *parsed;
       stop_once({"node " + (failed.node.empty() ? "?" : failed.node) + ": " + failed.reason,
                  failed.exit_code});
     } else if (type == "membership" || type == "lost") {
       auto parsed = parse_node_notice(message);
-      if (auto* error = std::get_if<std::string>(&parsed)) return ignore_malformed(*error);
-      const std::string& node = std::get<NodeNotice>(parsed).node;
+      if (!parsed) return ignore_malformed(parsed.error().message);
+      const std::string& node = parsed->node;
       if (type == "membership")
         stop_once({"node " + node + " joins the job; re-forming the round", kExitRendezvous, true});
       else
         stop_once({node + " was lost (it stopped answering)", kExitRendezvous});
     } else if (type == "stall" && events.on_stall) {
       auto parsed = parse_stall(message);
-      if (auto* error = std::get_if<std::string>(&parsed)) return ignore_malformed(*error);
-      events.on_stall(std::get<RelayedNotice>(parsed).body);
+      if (!parsed) return ignore_malformed(parsed.error().message);
+      events.on_stall(parsed->body);
     } else if (type == "stall_report" && events.on_stall_report) {
       auto parsed = parse_stall_report(message);
-      if (auto* error = std::get_if<std::string>(&parsed)) return ignore_malformed(*error);
-      events.on_stall_report(std::get<RelayedNotice>(parsed).body);
+      if (!parsed) return ignore_malformed(parsed.error().message);
+      events.on_stall_report(parsed->body);
     } else if (type == "barrier_done" && events.on_barrier_done) {
       auto parsed = parse_barrier_done(message);
-      if (auto* error = std::get_if<std::string>(&parsed)) return ignore_malformed(*error);
-      events.on_barrier_done(std::get<BarrierDone>(parsed).name);
+      if (!parsed) return ignore_malformed(parsed.error().message);
+      events.on_barrier_done(parsed->name);
     }
   };
   replay_early_messages();
@@ -225,12 +223,12 @@ void RendezvousClient::ignore_malformed(const std::string& reason) const {
 
 void RendezvousClient::report_failure(const std::string& reason, int exit_code) {
   send({{"type", "failed"}, {"reason", reason}, {"exit_code", exit_code}});
-  flush(std::chrono::seconds(2));
+  flush(kReportFlushTimeout);
 }
 
 void RendezvousClient::report_done() {
   send({{"type", "done"}});
-  flush(std::chrono::seconds(2));
+  flush(kReportFlushTimeout);
 }
 
 void RendezvousClient::send(const nlohmann::json& message) {
@@ -312,7 +310,7 @@ void RendezvousClient::try_reconnect(std::chrono::milliseconds backoff) {
   reconnect_timer_.expires_after(backoff);
   reconnect_timer_.async_wait([this, backoff, alive = alive_](boost::system::error_code ec) {
     if (!*alive || ec) return;
-    if (connect()) {
+    if (!connect()) {
       if (Clock::now() < reconnect_deadline_) return try_reconnect(std::min(backoff * 2, kReconnectBackoffMax));
       spdlog::error("the rendezvous at {} stayed unreachable for {} s", endpoint_, kReconnectTimeout.count());
       reconnecting_ = false;

@@ -14,9 +14,9 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <variant>
 #include <vector>
 
+#include "common/expected.hpp"
 #include "launcher/plan/rank_plan.hpp"
 #include "rendezvousd/rendezvous_round.hpp"
 
@@ -32,6 +32,11 @@ inline constexpr std::chrono::seconds kReconnectTimeout{60};
 /// Reconnect attempts start this far apart and double up to kReconnectBackoffMax.
 inline constexpr std::chrono::milliseconds kReconnectBackoffStart{100};
 inline constexpr std::chrono::milliseconds kReconnectBackoffMax{1000};
+/// How long a connect given up on may take to report its cancellation before it is left behind.
+inline constexpr std::chrono::seconds kCancelledConnectTimeout{1};
+/// How long a failure or "done" report may take to leave: long enough for a live daemon, short
+/// enough that a dead one does not hold up this node's exit.
+inline constexpr std::chrono::seconds kReportFlushTimeout{2};
 
 /// This node's share of a completed round.
 using Assignment = JobPlacement;
@@ -69,9 +74,9 @@ class RendezvousClient {
   RendezvousClient& operator=(const RendezvousClient&) = delete;
 
   /// Connects and sends `join`, then waits for the assignment up to `limit`. On failure: one line.
-  std::variant<Assignment, std::string> join(nlohmann::json join, std::chrono::milliseconds limit);
+  Expected<Assignment> join(nlohmann::json join, std::chrono::milliseconds limit);
   /// Connects and asks for GPUs and a port: {gpus, wait_s, job}; waits up to `limit`.
-  std::variant<GrantedLease, std::string> lease(nlohmann::json request, std::chrono::milliseconds limit);
+  Expected<GrantedLease> lease(nlohmann::json request, std::chrono::milliseconds limit);
   /// Listens for the other nodes (heartbeats already run since the join was accepted).
   void watch(PeerEvents events);
   /// Relays a message to every other node of the job: "stall", "stall_report", "barrier".
@@ -85,7 +90,7 @@ class RendezvousClient {
 
  private:
   /// Connects over TCP or the unix socket; an error line on failure.
-  std::optional<std::string> connect();
+  Expected<void> connect();
   /// The connection broke: before the assignment that is the end; after it, reconnect and
   /// re-register this node's live assignment, so a daemon restart costs the job nothing.
   void connection_lost();

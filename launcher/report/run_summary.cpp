@@ -14,6 +14,7 @@
 
 #include "common/exit_status.hpp"
 #include "common/sys.hpp"
+#include "common/version.hpp"
 #include "common/unique_fd.hpp"
 #include "launcher/process/process_control.hpp"
 
@@ -297,6 +298,7 @@ nlohmann::ordered_json RunSummary::format_json(int exit_code) const {
       {"started_at", utc_timestamp(started_)},
       {"host", host_},
       {"rdzv_id", rdzv_id_},
+      {"mcprun_version", mcprun_version()},
       {"ranks", std::move(ranks)}};
 }
 

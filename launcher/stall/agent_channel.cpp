@@ -35,15 +35,15 @@ class ChannelSession : public FramedSession {
     const ChannelListener& listener = channel_.listener();
     if (type == "hello") {
       auto hello = parse_hello(message);
-      if (auto* error = std::get_if<std::string>(&hello)) return refuse(*error);
-      rank_ = std::get<HelloMessage>(hello).rank;
+      if (!hello) return refuse(hello.error().message);
+      rank_ = hello->rank;
       set_peer("rank " + std::to_string(rank_) + "'s helper");
     } else if (type == "heartbeat") {
       if (listener.on_heartbeat && rank_ >= 0) listener.on_heartbeat(rank_);
     } else if (type == "barrier") {
       auto request = parse_barrier_request(message);
-      if (auto* error = std::get_if<std::string>(&request)) return refuse(*error);
-      const BarrierRequest& barrier = std::get<BarrierRequest>(request);
+      if (!request) return refuse(request.error().message);
+      const BarrierRequest& barrier = *request;
       waiting_at_.insert(barrier.name);
       if (listener.on_barrier && rank_ >= 0) listener.on_barrier(rank_, barrier.name, barrier.timeout_s);
     } else {

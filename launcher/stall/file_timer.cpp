@@ -115,38 +115,38 @@ void FileTimerServer::Session::consume(std::string_view chunk) {
   arm();
 }
 
-std::variant<TimerRequest, std::string> parse_timer_request(std::string_view line) {
-  if (line.find_first_not_of(" \t\r") == std::string_view::npos) return std::string();
+Expected<TimerRequest> parse_timer_request(std::string_view line) {
+  if (line.find_first_not_of(" \t\r") == std::string_view::npos) return Error{};
   const auto request = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-  if (!request.is_object()) return std::string("not a JSON object");
+  if (!request.is_object()) return Error{"not a JSON object"};
   auto field = [&](const char* name) -> const nlohmann::json* {
     auto it = request.find(name);
     return it == request.end() ? nullptr : &*it;
   };
   const nlohmann::json* version = field("version");
-  if (version && !(version->is_number_integer() && *version == 1)) return std::string("unknown version");
+  if (version && !(version->is_number_integer() && *version == 1)) return Error{"unknown version"};
   const nlohmann::json *pid = field("pid"), *scope = field("scope_id"),
                        *expiration = field("expiration_time"), *signal = field("signal");
   // Checked before converting: a float pid or signal out of int's range would be undefined.
   if (!pid || !pid->is_number_integer() || *pid < 0 || *pid > std::numeric_limits<pid_t>::max())
-    return std::string("\"pid\" must be a process id");
-  if (!scope || !scope->is_string()) return std::string("\"scope_id\" must be a string");
-  if (!expiration || !expiration->is_number()) return std::string("\"expiration_time\" must be a number");
+    return Error{"\"pid\" must be a process id"};
+  if (!scope || !scope->is_string()) return Error{"\"scope_id\" must be a string"};
+  if (!expiration || !expiration->is_number()) return Error{"\"expiration_time\" must be a number"};
   if (signal && !(signal->is_number_integer() && *signal >= 0 && *signal < 128))
-    return std::string("\"signal\" must be a signal number");
+    return Error{"\"signal\" must be a signal number"};
   return TimerRequest{pid->get<pid_t>(), scope->get<std::string>(), expiration->get<double>(),
                       signal ? signal->get<int>() : 0};
 }
 
 void FileTimerServer::Session::on_request(std::string_view line) {
   auto parsed = parse_timer_request(line);
-  if (auto* why = std::get_if<std::string>(&parsed)) {
-    if (!why->empty())
-      spdlog::warn("ignoring a timer request in {} ({}): {}", path, *why,
+  if (!parsed) {
+    if (!parsed.error().message.empty())
+      spdlog::warn("ignoring a timer request in {} ({}): {}", path, parsed.error().message,
                    line.substr(0, kQuotedRequestBytes));
     return;
   }
-  TimerRequest& request = std::get<TimerRequest>(parsed);
+  TimerRequest& request = *parsed;
   auto key = std::make_pair(request.pid, std::move(request.scope_id));
   if (request.expiration_time < 0) timers.erase(key);  // Negative: torch's release.
   else if (timers.size() < kMaxTimers || timers.contains(key))

@@ -12,7 +12,8 @@
 #include <memory>
 #include <string>
 #include <string_view>
-#include <variant>
+
+#include "common/expected.hpp"
 
 namespace mcprun {
 
@@ -37,7 +38,7 @@ struct TimerRequest {
 
 /// Parses one request line (without its newline); the reason it is ignored otherwise. Blank
 /// lines are an empty reason.
-std::variant<TimerRequest, std::string> parse_timer_request(std::string_view line);
+Expected<TimerRequest> parse_timer_request(std::string_view line);
 
 /// Keeps timers keyed by (pid, scope_id) like torch's server and reports each expiry once.
 /// Unlike torch's server it does not itself send the client's signal: mcprun treats an expiry as

@@ -1,7 +1,6 @@
 #include "launcher/stall/stack_dump.hpp"
 
 #include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
 extern "C" {  // glibc 2.36 declares these without C linkage.
 #include <sys/pidfd.h>
@@ -22,23 +21,12 @@ extern "C" {  // glibc 2.36 declares these without C linkage.
 #include "common/logging.hpp"
 #include "common/sys.hpp"
 #include "common/unique_fd.hpp"
+#include "launcher/process/deadline.hpp"
 
 extern char** environ;
 
 namespace mcprun {
 namespace {
-
-/// Waits up to `limit` for `fd` to be readable; the launcher's SIGCHLD does not cut it short.
-void wait_readable(int fd, std::chrono::milliseconds limit) {
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  pollfd ready{fd, POLLIN, 0};
-  for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    if (::poll(&ready, 1, static_cast<int>(std::max<long>(0, left.count()))) >= 0 || errno != EINTR)
-      return;
-  }
-}
 
 std::vector<std::string> launcher_environment() {
   std::vector<std::string> env;
@@ -134,11 +122,12 @@ void StackDumper::Dump::start(const StackDumpTool& tool) {
   }
   note("# mcprun stack dump of pid " + std::to_string(request.pid) + " by " + tool_name + " at " +
        utc_timestamp());
-  target.reset(::pidfd_open(request.pid, 0));
-  if (!target.valid()) {
-    note("# mcprun: pidfd_open(" + std::to_string(request.pid) + "): " + std::strerror(errno));
+  auto target_pidfd = open_pidfd(request.pid);
+  if (!target_pidfd) {
+    note("# mcprun: " + target_pidfd.error().message);
     return finish_later();
   }
+  target = std::move(*target_pidfd);
   if (tool.kind == StackDumpTool::Kind::kNone) {
     note("no stack dumper found (install gdb or py-spy)");
     return finish_later();
@@ -152,13 +141,13 @@ void StackDumper::Dump::start(const StackDumpTool& tool) {
     return finish_later();
   }
   dumper = *pid;
-  const int pidfd = ::pidfd_open(dumper, 0);
-  if (pidfd < 0) {  // Without it we cannot learn of the exit: do not leave the dumper unbounded.
-    killed_because = std::string("could not be watched (pidfd_open: ") + std::strerror(errno) + ")";
+  auto pidfd = open_pidfd(dumper);
+  if (!pidfd) {  // Without it we cannot learn of the exit: do not leave the dumper unbounded.
+    killed_because = "could not be watched (" + pidfd.error().message + ")";
     control.signal_group(dumper, SIGKILL);
     return finish_later();
   }
-  exited.assign(pidfd);
+  exited.assign(pidfd->release());
   exited.async_wait(boost::asio::posix::descriptor_base::wait_read,
                     [self = shared_from_this()](boost::system::error_code ec) {
                       if (ec != boost::asio::error::operation_aborted) self->finish();
@@ -191,8 +180,7 @@ void StackDumper::Dump::abandon() {
   batch.reset();
   if (exited.is_open()) {
     if (killed_because.empty()) killed_because = "was still running when mcprun stopped dumping";
-    control.signal_group(dumper, SIGKILL);
-    wait_readable(exited.native_handle(), kDumperKillTimeout);
+    kill_and_wait(control, dumper, exited.native_handle());
   }
   finish();
 }

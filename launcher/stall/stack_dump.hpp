@@ -14,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "launcher/process/deadline.hpp"
 #include "launcher/process/process_control.hpp"
 
 namespace mcprun {
@@ -23,7 +24,7 @@ namespace mcprun {
 inline constexpr std::chrono::seconds kStackDumpTimeout{10};
 /// How long a SIGKILLed dumper may take to exit before mcprun stops waiting for it (the
 /// launcher's reap() still collects it later).
-inline constexpr std::chrono::seconds kDumperKillTimeout{1};
+inline constexpr std::chrono::seconds kDumperKillTimeout = kKilledExitTimeout;
 
 /// The program that takes the dumps: py-spy shows Python and native frames, gdb native only.
 struct StackDumpTool {

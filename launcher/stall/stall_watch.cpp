@@ -22,6 +22,14 @@ double seconds_since(Clock::time_point then) {
 
 std::string format_seconds(double value) { return fmt::format("{:g} s", value); }
 
+/// torch's FileTimer pipe and the helper module's socket, under the run's runtime folder.
+std::filesystem::path timer_file_in(const std::filesystem::path& runtime_dir) {
+  return runtime_dir / "timer.fifo";
+}
+std::filesystem::path agent_socket_in(const std::filesystem::path& runtime_dir) {
+  return runtime_dir / "agent.sock";
+}
+
 }  // namespace
 
 StallWatch::StallWatch(boost::asio::io_context& io, StallSettings settings, std::string host,
@@ -29,9 +37,9 @@ StallWatch::StallWatch(boost::asio::io_context& io, StallSettings settings, std:
     : io_(io),
       settings_(settings),
       host_(std::move(host)),
-      file_timer_(io, runtime_dir / "timer.fifo",
+      file_timer_(io, timer_file_in(runtime_dir),
                   [this](const ExpiredTimer& expired) { on_timer_expired(expired); }),
-      channel_(io, runtime_dir / "agent.sock",
+      channel_(io, agent_socket_in(runtime_dir),
                {[this](int rank) { on_heartbeat(rank); },
                 [this](int rank, const std::string& name, double timeout_s) {
                   on_barrier(rank, name, timeout_s);
@@ -41,9 +49,9 @@ StallWatch::StallWatch(boost::asio::io_context& io, StallSettings settings, std:
 
 StallWatch::~StallWatch() { end_attempt(); }
 
-Environment StallWatch::worker_env() const {
-  return {{"TORCHELASTIC_TIMER_FILE", file_timer_.path().string()},
-          {"MCPRUN_AGENT_SOCKET", channel_.path().string()}};
+Environment StallWatch::worker_env(const std::filesystem::path& runtime_dir) {
+  return {{"TORCHELASTIC_TIMER_FILE", timer_file_in(runtime_dir).string()},
+          {"MCPRUN_AGENT_SOCKET", agent_socket_in(runtime_dir).string()}};
 }
 
 void StallWatch::host_store(boost::asio::ip::tcp::acceptor acceptor) {

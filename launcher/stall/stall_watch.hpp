@@ -55,8 +55,9 @@ class StallWatch {
              const std::filesystem::path& runtime_dir);
   ~StallWatch();
 
-  /// TORCHELASTIC_TIMER_FILE and MCPRUN_AGENT_SOCKET, for every worker.
-  Environment worker_env() const;
+  /// TORCHELASTIC_TIMER_FILE and MCPRUN_AGENT_SOCKET, for every worker of a StallWatch built on
+  /// `runtime_dir` (--dry-run names them without building one).
+  static Environment worker_env(const std::filesystem::path& runtime_dir);
   /// Serves the job store on `acceptor`: this node is the job's master.
   void host_store(boost::asio::ip::tcp::acceptor acceptor);
   void stop_hosting_store() { store_.reset(); }

@@ -203,18 +203,15 @@ AttemptResult WorkerGroup::run_attempt(int restart_count, const AttemptFiles& fi
         out, err);
     worker.outcome.rank = slot.identity.rank;
     worker.outcome.local_rank = local_rank;
-    worker.outcome.error_file = rank_dir / "error.json";
+    worker.outcome.error_file = worker_error_file(rank_dir);
     worker.dir = rank_dir;
     worker.stack_file = rank_dir / "stacks.txt";
   }
 
   for (Worker& worker : workers_) {
     if (interrupt_signal_ != 0) break;
-    Environment delta = worker_env_delta(plan_.job, worker.slot->identity, restart_count,
-                                         worker.outcome.error_file.string(), inherited_);
-    delta.insert(plan_.extra_env.begin(), plan_.extra_env.end());
-    if (config_.nccl_debug && !inherited_.contains("NCCL_DEBUG_FILE"))
-      delta["NCCL_DEBUG_FILE"] = nccl_log_pattern(worker.dir);
+    const Environment delta =
+        worker_spawn_delta(plan_, *worker.slot, restart_count, worker.dir, inherited_);
     SpawnRequest request{plan_.argv, merge_environment(inherited_, delta),
                          worker.slot->cpus, worker.output->child_stdout(),
                          worker.output->child_stderr()};

@@ -29,11 +29,6 @@ inline constexpr std::chrono::seconds kOutputDrainTimeout{2};
 /// How long stalled Python workers get to print faulthandler's tracebacks after SIGABRT.
 inline constexpr std::chrono::seconds kTracebackTimeout{2};
 
-/// Where --nccl-debug has NCCL write a rank's log (NCCL expands %h to the host, %p to the pid).
-inline std::string nccl_log_pattern(const std::filesystem::path& rank_dir) {
-  return (rank_dir / "nccl.%h.%p.log").string();
-}
-
 /// How an attempt ended.
 struct AttemptResult {
   enum class End { kSucceeded, kWorkerFailed, kInterrupted, kSpawnFailed, kPeerStopped, kStalled } end =

@@ -330,3 +330,45 @@ class BadInput(LauncherTestCase):
         for line in ("NCCL_DEBUG=INFO", "NCCL_DEBUG_SUBSYS=INIT,NET", "TORCH_DISTRIBUTED_DEBUG=DETAIL"):
             self.assertIn(line, out)
         self.assertEqual(self.files("ran"), [])
+
+    def test_dry_run_prints_the_environment_a_worker_gets(self):
+        dump = self.script("dump_env.py", r'''
+import json, os, sys
+with open(os.path.join(sys.argv[1], "env.%s.json" % os.environ["LOCAL_RANK"]), "w") as f:
+    json.dump(dict(os.environ), f)
+''')
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        args = ["-n", "2", "--master-port", str(port), "--nccl-debug",
+                "--log-dir", os.path.join(self.tmp, "logs"), dump, self.tmp]
+        code, out, err = self.run_mcprun("--dry-run", *args)
+        self.assertEqual(code, 0, err)
+        self.assertEqual(self.files("env."), [])
+        planned, rank = {}, None  # local rank -> the variables the dry run lists for it
+        for line in out.splitlines():
+            if line.startswith("local rank "):
+                rank = int(line.split()[2])
+                planned[rank] = {}
+            elif line.startswith("    ") and rank is not None:
+                name, _, value = line.strip().partition("=")
+                planned[rank][name] = value
+        code, _, err = self.run_mcprun(*args)
+        self.assertEqual(code, 0, err)
+        for rank in range(2):
+            with open(os.path.join(self.tmp, f"env.{rank}.json")) as f:
+                real = json.load(f)
+            for name in ("TORCHELASTIC_TIMER_FILE", "MCPRUN_AGENT_SOCKET", "PYTHONPATH", "NCCL_DEBUG_FILE"):
+                self.assertIn(name, planned[rank])
+            # Each listed value is the worker's, but for the run's folder, which a dry run never makes.
+            for name, value in planned[rank].items():
+                before, placeholder, after = value.partition("<run dir>")
+                got = real.get(name, "<unset>")
+                if placeholder:
+                    self.assertTrue(got.startswith(before) and got.endswith(after) and
+                                    len(got) > len(before) + len(after), (name, value, got))
+                else:
+                    self.assertEqual(got, value, name)
+            # And every variable mcprun set or changed for the worker is listed.
+            changed = {name for name, value in real.items() if self.env.get(name) != value}
+            self.assertEqual(changed - set(planned[rank]), set())

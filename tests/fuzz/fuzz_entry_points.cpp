@@ -28,10 +28,8 @@ void parse_everything(const json& message) {
   visit(parse_operator_request(message));
   visit(parse_barrier_arrival(message));
   visit(parse_failed(message));
-  if (auto stall = parse_stall(message); auto* notice = std::get_if<RelayedNotice>(&stall))
-    static_cast<void>(encode_frame(notice->body));
-  if (auto report = parse_stall_report(message); auto* notice = std::get_if<RelayedNotice>(&report))
-    static_cast<void>(encode_frame(notice->body));
+  if (auto stall = parse_stall(message)) static_cast<void>(encode_frame(stall->body));
+  if (auto report = parse_stall_report(message)) static_cast<void>(encode_frame(report->body));
   visit(parse_joined(message));
   visit(parse_assignment(message));
   visit(parse_progress(message));
