@@ -753,9 +753,10 @@ TEST_F(DoctorTest, AMalformedRendezvousEndpointFailsNamingIt) {
             "--rdzv-endpoint '[fd00::1]': expected HOST:PORT, [IPV6]:PORT or unix:PATH");
   EXPECT_TRUE(check_clock(inputs, probes).empty());  // The endpoint check said why.
   inputs.rdzv_endpoint = "[fd00::1]:29400";
+  probes.hosts["fd00::1"] = {"fd00::1"};
   probes.connect_result = {Outcome::kConnected, ""};
   EXPECT_EQ(only(check_rdzv_endpoint(inputs, probes)).status, CheckStatus::kOk);
-  EXPECT_EQ(probes.connected.back(), "[fd00::1]:29400");
+  EXPECT_EQ(probes.connected, std::vector<std::string>{"[fd00::1]:29400"});
 }
 
 TEST(DoctorCommand, BadFlagsAreUsageErrors) {

@@ -178,10 +178,10 @@ TEST_F(JobFileTest, EveryFlagHasAKey) {
   app.add_option("--some-text,--some_text", text);
   app.add_flag("--some-flag", on);
   auto loaded = apply_job_file(app, write("some_text: hello\nsome-flag: yes\n"));
-  ASSERT_TRUE(std::holds_alternative<JobFile>(loaded)) << std::get<std::string>(loaded);
+  ASSERT_TRUE(loaded) << loaded.error().message;
   EXPECT_EQ(text, "hello");
   EXPECT_TRUE(on);
-  EXPECT_EQ(std::get<JobFile>(loaded).flag_lines,
+  EXPECT_EQ(loaded->flag_lines,
             (std::map<std::string, int>{{"some-text", 1}, {"some-flag", 2}}));
 }
 

@@ -15,7 +15,7 @@ using json = nlohmann::json;
 using Parser = std::function<std::string(const json&)>;
 
 template <class Message>
-Parser parser(Parsed<Message> *parse(const json&)) {
+Parser parser(Parsed<Message> (*parse)(const json&)) {
   return [parse](const json& message) {
     auto parsed = parse(message);
     return parsed ? std::string() : parsed.error().message;

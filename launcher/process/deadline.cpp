@@ -18,8 +18,9 @@ bool wait_for_fd(int fd, short events, std::chrono::milliseconds limit) {
   const auto deadline = std::chrono::steady_clock::now() + limit;
   pollfd waiting{fd, events, 0};
   for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
+    // Rounded up: a wait never ends before `limit`, only at poll's millisecond after it.
+    const auto left =
+        std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     const int ready = ::poll(&waiting, 1, static_cast<int>(std::max<long>(0, left.count())));
     if (ready > 0) return true;
     if (ready == 0 || errno != EINTR) return false;
