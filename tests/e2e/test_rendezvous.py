@@ -516,9 +516,7 @@ class GpuLeases(RendezvousTestCase):
 
 class StaticBackend(LauncherTestCase):
     def test_two_nodes_with_node_rank_and_master_need_no_rendezvous(self):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = reserve_port(self)
         agents = [self.start("--nnodes", "2", "--node-rank", str(i), "-n", "2", "--master-addr",
                              "127.0.0.1", "--master-port", str(port),
                              os.path.join(REPO, "examples/ddp_train.py")) for i in range(2)]
