@@ -286,60 +286,80 @@ std::optional<StreamSpec> parse_stream_spec(const std::string& text) {
 
 namespace {
 
-/// parse_launch_config, recording in `job` what a --config job file set.
-ParseResult parse_arguments(const std::vector<std::string>& args, JobFile& job) {
-  LaunchConfig config;
-  CLI::App app{
-      "mcprun: a native drop-in for torchrun. Spawns one fresh process per worker, pins each to\n"
-      "one GPU in topology order, supervises the group and stops all of it on the first failure.\n\n"
-      "usage: mcprun [flags] SCRIPT [ARGS...]    (ARGS pass through untouched)\n"
-      "       mcprun topo                         (GPUs found and the rank mapping a launch uses)\n"
-      "       mcprun store [--port N]             (a standalone c10d TCPStore server)",
-      "mcprun"};
-  app.prefix_command();  // Everything from the script on belongs to the script.
-  app.option_defaults()->always_capture_default();
-  app.set_version_flag("--version", "mcprun 0.1.0");
-  app.footer(
-      "\nExit codes: 0 every worker exited 0; 1-125 the first failing worker's own code; 1 mcprun\n"
-      "could not proceed; 2 usage error; 3 the job stalled; 75 rendezvous failed or a node was lost;\n"
-      "124 --timeout passed; 128+N a worker died of, or mcprun was interrupted by, signal N.\n"
-      "--summary-json's \"result\" (success|failed|stalled|timeout|interrupted) tells them apart.\n\n"
-      "CI examples:\n"
-      "  mcprun --config configs/ci-smoke.yaml          # a job file; flags given here override it\n"
-      "  mcprun --config job.yaml -n 1 --timeout 120    # the same job, smaller and shorter\n"
-      "  mcprun -n 2 --timeout 600 --init-timeout 60 --summary-json summary.json \\\n"
-      "         --junit junit.xml train.py --epochs 1");
+constexpr const char* kUsage =
+    "mcprun: a native drop-in for torchrun. Spawns one fresh process per worker, pins each to\n"
+    "one GPU in topology order, supervises the group and stops all of it on the first failure.\n\n"
+    "usage: mcprun [flags] SCRIPT [ARGS...]    (ARGS pass through untouched)\n"
+    "       mcprun topo                         (GPUs found and the rank mapping a launch uses)\n"
+    "       mcprun store [--port N]             (a standalone c10d TCPStore server)";
 
-  std::string nproc_text = "1", redirects_text = "0", tee_text = "0", ranks_filter_text,
-              bind_text = "none", gpus_text;
-  auto add = [&](const std::string& dashed, auto& target, const std::string& help,
-                 const std::string& short_name = "") {
-    return app.add_option(names_for(dashed, short_name), target, help)->envname(env_name_for(dashed));
-  };
-  auto flag = [&](const std::string& dashed, bool& target, const std::string& help,
-                  const std::string& short_name = "") {
-    return app.add_flag(names_for(dashed, short_name), target, help)->envname(env_name_for(dashed));
-  };
+constexpr const char* kExitCodesAndExamples =
+    "\nExit codes: 0 every worker exited 0; 1-125 the first failing worker's own code; 1 mcprun\n"
+    "could not proceed; 2 usage error; 3 the job stalled; 75 rendezvous failed or a node was lost;\n"
+    "124 --timeout passed; 128+N a worker died of, or mcprun was interrupted by, signal N.\n"
+    "--summary-json's \"result\" (success|failed|stalled|timeout|interrupted) tells them apart.\n\n"
+    "CI examples:\n"
+    "  mcprun --config configs/ci-smoke.yaml          # a job file; flags given here override it\n"
+    "  mcprun --config job.yaml -n 1 --timeout 120    # the same job, smaller and shorter\n"
+    "  mcprun -n 2 --timeout 600 --init-timeout 60 --summary-json summary.json \\\n"
+    "         --junit junit.xml train.py --epochs 1";
 
-  add("nproc-per-node", nproc_text, "Workers per node: N, cpu, gpu (GPU count; error if none) or "
-      "auto (GPU count, else CPU count)", "-n");
-  add("nnodes", config.nnodes, "Number of nodes: N, or MIN:MAX for an elastic job");
-  add("node-rank", config.node_rank,
-      "Rank of this node (static backend: default 0; rendezvous: assigned unless given)");
-  add("master-addr", config.master_addr, "Address of the store that rank 0 hosts");
-  add("master-port", config.master_port,
-      "Port of that store (default: a free port, reserved so nothing else takes it)");
-  flag("standalone", config.standalone, "Single-node job with a private store on a free port");
-  add("rdzv-backend", config.rdzv_backend, "Rendezvous backend: static or c10d (one node: local)");
-  add("rdzv-endpoint", config.rdzv_endpoint,
-      "Rendezvous endpoint HOST:PORT ([IPV6]:PORT); with the static backend it is the master's "
-      "address and port, and beats --master-addr/--master-port");
-  add("rdzv-id", config.rdzv_id, "Job id, exported as TORCHELASTIC_RUN_ID");
-  add("rdzv-conf", config.rdzv_conf,
-      "Rendezvous options key=value,... (outer quotes are stripped): join_timeout (default 120 s), "
-      "last_call_timeout (default 5 s), is_host; torchrun's other keys are accepted and unused");
-  std::string labels_text;
-  app.add_option("--topology-labels", labels_text,
+/// What the flags hold as text (or in a form LaunchConfig has no field for) until they are checked.
+struct FlagTexts {
+  std::string nproc = "1", redirects = "0", tee = "0", ranks_filter, bind = "none", gpus;
+  std::string labels;
+  std::optional<double> shutdown_timeout;
+  std::string signals = kDefaultSignalsToHandle;
+  std::string numa;
+  std::string event_log_handler = "null";
+  std::string logs_specs;
+  std::string stdout_filters, stderr_filters;
+  std::string job_file_path;
+  bool no_stack_dumps = false;
+};
+
+/// Adds a torchrun flag by its dashed name: its underscore spelling and its PET_ variable too.
+class TorchrunFlags {
+ public:
+  explicit TorchrunFlags(CLI::App& app) : app_(app) {}
+  template <class Target>
+  CLI::Option* option(const std::string& dashed, Target& target, const std::string& help,
+                      const std::string& short_name = "") {
+    return app_.add_option(names_for(dashed, short_name), target, help)->envname(env_name_for(dashed));
+  }
+  CLI::Option* flag(const std::string& dashed, bool& target, const std::string& help,
+                    const std::string& short_name = "") {
+    return app_.add_flag(names_for(dashed, short_name), target, help)->envname(env_name_for(dashed));
+  }
+  CLI::App& app() { return app_; }
+
+ private:
+  CLI::App& app_;
+};
+
+// The flags, in the order --help lists them.
+
+/// How many workers on how many nodes, and how the nodes find each other.
+void add_job_shape_flags(TorchrunFlags& flags, LaunchConfig& config, FlagTexts& texts) {
+  CLI::App& app = flags.app();
+  flags.option("nproc-per-node", texts.nproc, "Workers per node: N, cpu, gpu (GPU count; error if none) or "
+               "auto (GPU count, else CPU count)", "-n");
+  flags.option("nnodes", config.nnodes, "Number of nodes: N, or MIN:MAX for an elastic job");
+  flags.option("node-rank", config.node_rank,
+               "Rank of this node (static backend: default 0; rendezvous: assigned unless given)");
+  flags.option("master-addr", config.master_addr, "Address of the store that rank 0 hosts");
+  flags.option("master-port", config.master_port,
+               "Port of that store (default: a free port, reserved so nothing else takes it)");
+  flags.flag("standalone", config.standalone, "Single-node job with a private store on a free port");
+  flags.option("rdzv-backend", config.rdzv_backend, "Rendezvous backend: static or c10d (one node: local)");
+  flags.option("rdzv-endpoint", config.rdzv_endpoint,
+               "Rendezvous endpoint HOST:PORT ([IPV6]:PORT); with the static backend it is the master's "
+               "address and port, and beats --master-addr/--master-port");
+  flags.option("rdzv-id", config.rdzv_id, "Job id, exported as TORCHELASTIC_RUN_ID");
+  flags.option("rdzv-conf", config.rdzv_conf,
+               "Rendezvous options key=value,... (outer quotes are stripped): join_timeout (default 120 s), "
+               "last_call_timeout (default 5 s), is_host; torchrun's other keys are accepted and unused");
+  app.add_option("--topology-labels", texts.labels,
                  "This node's place, e.g. rack=r1,switch=s3: nodes sharing labels get "
                  "neighbouring ranks")
       ->envname("MCPRUN_TOPOLOGY_LABELS");
@@ -349,66 +369,85 @@ ParseResult parse_arguments(const std::vector<std::string>& args, JobFile& job) 
   app.add_option("--rdzv-token-file", config.rdzv_token_file,
                  "File holding the token rendezvousd was started with (--token-file)")
       ->envname("MCPRUN_RDZV_TOKEN_FILE");
-  add("max-restarts", config.max_restarts, "Restart the whole group up to N times on failure")
+}
+
+/// What each worker runs, and how often the group restarts.
+void add_worker_flags(TorchrunFlags& flags, LaunchConfig& config) {
+  flags.option("max-restarts", config.max_restarts, "Restart the whole group up to N times on failure")
       ->check(CLI::NonNegativeNumber);
-  add("monitor-interval", config.monitor_interval,
-      "Accepted for compatibility and unnecessary: worker exits are events, never polled");
-  add("start-method", config.start_method,
-      "Accepted for compatibility: every worker is a fresh exec'ed process (spawn)")
+  flags.option("monitor-interval", config.monitor_interval,
+               "Accepted for compatibility and unnecessary: worker exits are events, never polled");
+  flags.option("start-method", config.start_method,
+               "Accepted for compatibility: every worker is a fresh exec'ed process (spawn)")
       ->check(CLI::IsMember({"spawn", "fork", "forkserver"}));
-  add("role", config.role, "Worker role name (ROLE_NAME)");
-  flag("module", config.module, "Run SCRIPT as a Python module (python -m)", "-m");
-  flag("no-python", config.no_python, "Exec SCRIPT directly instead of through Python");
-  flag("run-path", config.run_path, "Run SCRIPT by path (what mcprun always does for a .py)");
-  add("log-dir", config.log_dir, "Keep per-rank stdout/stderr logs and error files here");
-  add("redirects", redirects_text,
-      "Send streams to log files only: 0 none, 1 stdout, 2 stderr, 3 both, or rank:bits,...", "-r");
-  add("tee", tee_text, "Send streams to log files and the console (same syntax as --redirects)",
-      "-t");
-  add("local-ranks-filter", ranks_filter_text,
-      "Show only these local ranks on the console, e.g. 0,3 (all are still logged)");
-  add("local-addr", config.local_addr, "Address of this node; used as MASTER_ADDR when given");
-  add("term-timeout", config.term_timeout, "Seconds between SIGTERM and SIGKILL when stopping")
+  flags.option("role", config.role, "Worker role name (ROLE_NAME)");
+  flags.flag("module", config.module, "Run SCRIPT as a Python module (python -m)", "-m");
+  flags.flag("no-python", config.no_python, "Exec SCRIPT directly instead of through Python");
+  flags.flag("run-path", config.run_path, "Run SCRIPT by path (what mcprun always does for a .py)");
+}
+
+/// Where the workers' output goes.
+void add_output_flags(TorchrunFlags& flags, LaunchConfig& config, FlagTexts& texts) {
+  flags.option("log-dir", config.log_dir, "Keep per-rank stdout/stderr logs and error files here");
+  flags.option("redirects", texts.redirects,
+               "Send streams to log files only: 0 none, 1 stdout, 2 stderr, 3 both, or rank:bits,...", "-r");
+  flags.option("tee", texts.tee, "Send streams to log files and the console (same syntax as --redirects)",
+               "-t");
+  flags.option("local-ranks-filter", texts.ranks_filter,
+               "Show only these local ranks on the console, e.g. 0,3 (all are still logged)");
+  // Here in torchrun's --help too.
+  flags.option("local-addr", config.local_addr, "Address of this node; used as MASTER_ADDR when given");
+}
+
+/// How the group is stopped, and which signals stop it.
+void add_shutdown_flags(TorchrunFlags& flags, LaunchConfig& config, FlagTexts& texts) {
+  flags.option("term-timeout", config.term_timeout, "Seconds between SIGTERM and SIGKILL when stopping")
       ->check(CLI::NonNegativeNumber);
-  std::optional<double> shutdown_timeout;
-  add("shutdown-timeout", shutdown_timeout,
-      "torchrun 2.x's name for --term-timeout (which wins when both are given); without either, "
-      "TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 10 s")
+  flags.option("shutdown-timeout", texts.shutdown_timeout,
+               "torchrun 2.x's name for --term-timeout (which wins when both are given); without either, "
+               "TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 10 s")
       ->check(CLI::NonNegativeNumber);
-  std::string signals_text = kDefaultSignalsToHandle;
-  add("signals-to-handle", signals_text,
-      "Signals mcprun handles, comma-separated: SIGTERM, SIGINT, SIGHUP, SIGQUIT (and SIGALRM, "
-      "SIGXCPU, SIGXFSZ, SIGPWR, SIGVTALRM, SIGPROF) are forwarded to every worker and stop the "
-      "group. SIGUSR1 and SIGUSR2, listed or not, are forwarded only: the workers keep running "
-      "(Slurm's preemption warning). Other unlisted signals keep their default action");
-  std::string numa_text;
-  add("numa-binding", numa_text,
-      "Bind each worker to CPUs near its GPU: node, socket, exclusive or core-complex (torch 2.x's "
-      "modes)");
-  flag("virtual-local-rank", config.virtual_local_rank,
-       "Every worker sees LOCAL_RANK=0 and its one GPU as device 0, so all ranks compile the same "
-       "code");
-  std::string event_log_handler = "null";
-  add("event-log-handler", event_log_handler,
-      "Accepted for torchrun: mcprun has no event log handlers (anything but null is ignored "
-      "with a warning)");
-  std::string logs_specs;
-  app.add_option(names_for("logs-specs"), logs_specs,
-                 "Accepted for torchrun: only its default LogsSpecs (default); mcprun's logs are "
-                 "laid out by --log-dir");
-  std::string stdout_filters, stderr_filters;
-  add("duplicate-stdout-filters", stdout_filters,
-      "Accepted for torchrun when empty: mcprun does not copy matching lines to a second file "
-      "(grep --log-dir's stdout.log)");
-  add("duplicate-stderr-filters", stderr_filters,
-      "Accepted for torchrun when empty: mcprun does not copy matching lines to a second file "
-      "(grep --log-dir's stderr.log)");
+  flags.option("signals-to-handle", texts.signals,
+               "Signals mcprun handles, comma-separated: SIGTERM, SIGINT, SIGHUP, SIGQUIT (and SIGALRM, "
+               "SIGXCPU, SIGXFSZ, SIGPWR, SIGVTALRM, SIGPROF) are forwarded to every worker and stop the "
+               "group. SIGUSR1 and SIGUSR2, listed or not, are forwarded only: the workers keep running "
+               "(Slurm's preemption warning). Other unlisted signals keep their default action");
+}
+
+/// torch 2.x's CPU and GPU placement modes.
+void add_binding_flags(TorchrunFlags& flags, LaunchConfig& config, FlagTexts& texts) {
+  flags.option("numa-binding", texts.numa,
+               "Bind each worker to CPUs near its GPU: node, socket, exclusive or core-complex (torch 2.x's "
+               "modes)");
+  flags.flag("virtual-local-rank", config.virtual_local_rank,
+             "Every worker sees LOCAL_RANK=0 and its one GPU as device 0, so all ranks compile the same "
+             "code");
+}
+
+/// torchrun's flags that mcprun accepts with their default value only.
+void add_accepted_torchrun_flags(TorchrunFlags& flags, FlagTexts& texts) {
+  flags.option("event-log-handler", texts.event_log_handler,
+               "Accepted for torchrun: mcprun has no event log handlers (anything but null is ignored "
+               "with a warning)");
+  flags.app().add_option(names_for("logs-specs"), texts.logs_specs,
+                         "Accepted for torchrun: only its default LogsSpecs (default); mcprun's logs are "
+                         "laid out by --log-dir");
+  flags.option("duplicate-stdout-filters", texts.stdout_filters,
+               "Accepted for torchrun when empty: mcprun does not copy matching lines to a second file "
+               "(grep --log-dir's stdout.log)");
+  flags.option("duplicate-stderr-filters", texts.stderr_filters,
+               "Accepted for torchrun when empty: mcprun does not copy matching lines to a second file "
+               "(grep --log-dir's stderr.log)");
+}
+
+/// What CI asks of a run: a time limit, a job file, reports, a GPU lease's patience.
+void add_ci_flags(TorchrunFlags& flags, LaunchConfig& config, FlagTexts& texts) {
+  CLI::App& app = flags.app();
   app.add_option("--timeout", config.job_timeout,
                  "Wall-clock limit in seconds for the whole job, restarts included (0: none); "
                  "on expiry the group is stopped and mcprun exits 124")
       ->check(CLI::NonNegativeNumber);
-  std::string job_file_path;
-  app.add_option("--config", job_file_path,
+  app.add_option("--config", texts.job_file_path,
                  "YAML job file: any of these flags by its long name (nproc-per-node: 2), env: "
                  "(added to every worker's environment), script: and args:. Flags given here "
                  "override it (see configs/ci-smoke.yaml)")
@@ -421,43 +460,55 @@ ParseResult parse_arguments(const std::vector<std::string>& args, JobFile& job) 
                  "When mcprun ends, write a JUnit XML report to this file: one test case per local "
                  "rank; a failed or stalled rank carries the root cause and its last output lines")
       ->type_name("FILE");
-  add("gpu-wait", config.gpu_wait,
-      "On a box whose rendezvousd leases GPUs (MCPRUN_DAEMON, default its unix socket under "
-      "/run/mcprun): seconds to wait for enough free GPUs; 0 fails at once naming who holds them")
+  flags.option("gpu-wait", config.gpu_wait,
+               "On a box whose rendezvousd leases GPUs (MCPRUN_DAEMON, default its unix socket under "
+               "/run/mcprun): seconds to wait for enough free GPUs; 0 fails at once naming who holds them")
       ->check(CLI::NonNegativeNumber);
-  add("init-timeout", config.stall.init_timeout,
+}
+
+/// The stall watchdogs and what a stall or a hang leaves to diagnose it.
+void add_diagnosis_flags(TorchrunFlags& flags, LaunchConfig& config, FlagTexts& texts) {
+  flags.option("init-timeout", config.stall.init_timeout,
                  "Seconds for every rank to pass init_process_group's barrier, from the start of "
                  "each attempt (or from the first rank's arrival at the store, if none came by "
                  "then); a rank missing then is a stall (exit 3). 0: off")
       ->check(CLI::NonNegativeNumber);
-  add("heartbeat-timeout", config.stall.heartbeat_timeout,
+  flags.option("heartbeat-timeout", config.stall.heartbeat_timeout,
                  "Seconds without mcprun.heartbeat() from a rank that has called it before; "
                  "longer is a stall. Ranks that never call it are not watched. 0: off")
       ->check(CLI::NonNegativeNumber);
-  add("silence-timeout", config.stall.silence_timeout,
+  flags.option("silence-timeout", config.stall.silence_timeout,
                  "Seconds without a line of output from a rank that count as a stall, for "
                  "scripts with no hooks. 0: off")
       ->check(CLI::NonNegativeNumber);
-  bool no_stack_dumps = false;
-  flag("no-stack-dumps", no_stack_dumps,
-       "On a stall, stop at once: no native stack dumps (py-spy, else gdb) and no Python "
-       "tracebacks (SIGABRT to faulthandler) first");
-  app.add_flag("--nccl-debug", config.nccl_debug,
-               "Set NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=INIT,NET and TORCH_DISTRIBUTED_DEBUG=DETAIL "
-               "for every worker");
-  flag("dry-run", config.dry_run, "Print each rank's GPU, CPUs, environment and argv; start nothing");
-  flag("no-pin", config.no_pin, "Leave CUDA_VISIBLE_DEVICES alone (allows more ranks than GPUs)");
-  add("gpus", gpus_text, "Use only these GPUs (CUDA_VISIBLE_DEVICES syntax: indices or UUIDs)");
-  add("bind", bind_text,
-      "CPU affinity per worker: none (default: the OS and torch's own thread pools place "
-      "threads) or numa (the CPUs local to the worker's GPU)")
-      ->check(CLI::IsMember({"none", "numa"}));
-  flag("verbose", config.verbose, "Log each step of the launch", "-v");
-  app.add_flag("--no-slurm", config.no_slurm,
-               "Ignore SLURM_* variables (also MCPRUN_SLURM=0). Under srun, mcprun otherwise takes "
-               "nnodes, node rank, master (first node of the step), port 20000 + job id % 10000, "
-               "run id and GPUs from Slurm wherever no flag or PET_* variable sets them");
+  flags.flag("no-stack-dumps", texts.no_stack_dumps,
+             "On a stall, stop at once: no native stack dumps (py-spy, else gdb) and no Python "
+             "tracebacks (SIGABRT to faulthandler) first");
+  flags.app().add_flag("--nccl-debug", config.nccl_debug,
+                       "Set NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=INIT,NET and TORCH_DISTRIBUTED_DEBUG=DETAIL "
+                       "for every worker");
+}
 
+/// Which GPUs and CPUs, and mcprun's own switches.
+void add_launcher_flags(TorchrunFlags& flags, LaunchConfig& config, FlagTexts& texts) {
+  flags.flag("dry-run", config.dry_run, "Print each rank's GPU, CPUs, environment and argv; start nothing");
+  flags.flag("no-pin", config.no_pin, "Leave CUDA_VISIBLE_DEVICES alone (allows more ranks than GPUs)");
+  flags.option("gpus", texts.gpus, "Use only these GPUs (CUDA_VISIBLE_DEVICES syntax: indices or UUIDs)");
+  flags.option("bind", texts.bind,
+               "CPU affinity per worker: none (default: the OS and torch's own thread pools place "
+               "threads) or numa (the CPUs local to the worker's GPU)")
+      ->check(CLI::IsMember({"none", "numa"}));
+  flags.flag("verbose", config.verbose, "Log each step of the launch", "-v");
+  flags.app().add_flag("--no-slurm", config.no_slurm,
+                       "Ignore SLURM_* variables (also MCPRUN_SLURM=0). Under srun, mcprun otherwise takes "
+                       "nnodes, node rank, master (first node of the step), port 20000 + job id % 10000, "
+                       "run id and GPUs from Slurm wherever no flag or PET_* variable sets them");
+}
+
+/// The command line, then a --config job file under it (the command line beats the file). An
+/// InfoRequest or UsageError ends the parse; nullopt goes on.
+std::optional<ParseResult> parse_command_line(CLI::App& app, const std::vector<std::string>& args,
+                                              const std::string& job_file_path, JobFile& job) {
   auto abbreviations_expanded = expand_abbreviations(app, args);
   if (auto* error = std::get_if<UsageError>(&abbreviations_expanded)) return *error;
   const auto& expanded = std::get<std::vector<std::string>>(abbreviations_expanded);
@@ -479,7 +530,11 @@ ParseResult parse_arguments(const std::vector<std::string>& args, JobFile& job) 
   } catch (const CLI::ParseError& error) {
     return UsageError{error.what()};
   }
+  return std::nullopt;
+}
 
+/// The script and its arguments: the command line's, else the job file's.
+std::optional<std::string> take_script(const CLI::App& app, const JobFile& job, LaunchConfig& config) {
   std::vector<std::string> rest = app.remaining();
   if (!rest.empty() && rest.front() == "--") rest.erase(rest.begin());
   if (rest.empty() && job.script) {  // The command line names no script: the file's, with its args.
@@ -487,37 +542,206 @@ ParseResult parse_arguments(const std::vector<std::string>& args, JobFile& job) 
     rest.insert(rest.end(), job.script_args.begin(), job.script_args.end());
   }
   config.env = job.env;
-  if (rest.empty()) return UsageError{"no training script given (usage: mcprun [flags] SCRIPT [ARGS...])"};
+  if (rest.empty()) return "no training script given (usage: mcprun [flags] SCRIPT [ARGS...])";
   if (rest.front().size() > 1 && rest.front()[0] == '-')
-    return UsageError{"unknown flag " + rest.front() + " (see mcprun --help)"};
-  config.stack_dumps = !no_stack_dumps;
+    return "unknown flag " + rest.front() + " (see mcprun --help)";
   config.script = rest.front();
   config.script_args.assign(rest.begin() + 1, rest.end());
+  return std::nullopt;
+}
 
-  auto nproc = parse_nproc(nproc_text);
-  if (nproc_text == "xpu")
-    return UsageError{"--nproc-per-node xpu: mcprun pins NVIDIA GPUs only; expected a count, cpu, "
-                      "gpu or auto"};
-  if (!nproc)
-    return UsageError{"--nproc-per-node " + nproc_text + ": expected a count >= 1, cpu, gpu or auto"};
+/// --nproc-per-node, --redirects, --tee, --local-ranks-filter, --gpus and --bind, checked.
+std::optional<std::string> apply_worker_texts(const FlagTexts& texts, LaunchConfig& config) {
+  auto nproc = parse_nproc(texts.nproc);
+  if (texts.nproc == "xpu")
+    return "--nproc-per-node xpu: mcprun pins NVIDIA GPUs only; expected a count, cpu, gpu or auto";
+  if (!nproc) return "--nproc-per-node " + texts.nproc + ": expected a count >= 1, cpu, gpu or auto";
   config.nproc = *nproc;
 
-  auto redirects = parse_stream_spec(redirects_text);
-  if (!redirects)
-    return UsageError{"--redirects " + redirects_text + ": expected 0-3 or LOCAL_RANK:0-3,..."};
+  auto redirects = parse_stream_spec(texts.redirects);
+  if (!redirects) return "--redirects " + texts.redirects + ": expected 0-3 or LOCAL_RANK:0-3,...";
   config.redirects = *redirects;
-  auto tee = parse_stream_spec(tee_text);
-  if (!tee) return UsageError{"--tee " + tee_text + ": expected 0-3 or LOCAL_RANK:0-3,..."};
+  auto tee = parse_stream_spec(texts.tee);
+  if (!tee) return "--tee " + texts.tee + ": expected 0-3 or LOCAL_RANK:0-3,...";
   config.tee = *tee;
 
-  if (!ranks_filter_text.empty()) {
-    config.local_ranks_filter = parse_rank_list(ranks_filter_text);
+  if (!texts.ranks_filter.empty()) {
+    config.local_ranks_filter = parse_rank_list(texts.ranks_filter);
     if (!config.local_ranks_filter)
-      return UsageError{"--local-ranks-filter " + ranks_filter_text +
-                        ": expected local ranks like 0,3"};
+      return "--local-ranks-filter " + texts.ranks_filter + ": expected local ranks like 0,3";
   }
-  if (!gpus_text.empty()) config.gpus = gpus_text;
-  config.bind = bind_text == "numa" ? LaunchConfig::CpuBind::kNuma : LaunchConfig::CpuBind::kNone;
+  if (!texts.gpus.empty()) config.gpus = texts.gpus;
+  config.bind = texts.bind == "numa" ? LaunchConfig::CpuBind::kNuma : LaunchConfig::CpuBind::kNone;
+  return std::nullopt;
+}
+
+/// --nnodes as MIN:MAX, --node-rank within it, and the rendezvous an elastic job needs.
+std::optional<std::string> apply_node_counts(LaunchConfig& config) {
+  auto colon = config.nnodes.find(':');
+  auto min_nodes = parse_int(std::string_view(config.nnodes).substr(0, colon));
+  auto max_nodes = colon == std::string::npos
+                       ? min_nodes
+                       : parse_int(std::string_view(config.nnodes).substr(colon + 1));
+  if (!min_nodes || !max_nodes || *min_nodes < 1 || *max_nodes < *min_nodes)
+    return "--nnodes " + config.nnodes + ": expected N or MIN:MAX with 1 <= MIN <= MAX";
+  config.min_nodes = *min_nodes;
+  config.max_nodes = *max_nodes;
+  if (config.node_rank && (*config.node_rank < 0 || *config.node_rank >= config.max_nodes))
+    return "--node-rank " + std::to_string(*config.node_rank) + ": expected 0-" +
+           std::to_string(config.max_nodes - 1);
+  if (config.rdzv_backend == "static" && config.min_nodes != config.max_nodes)
+    return "--nnodes " + config.nnodes + ": an elastic MIN:MAX job needs "
+           "--rdzv-backend c10d and --rdzv-endpoint";
+  if (config.uses_rendezvous() && config.rdzv_endpoint.empty())
+    return "--nnodes " + config.nnodes + " with --rdzv-backend " + config.rdzv_backend +
+           " needs --rdzv-endpoint HOST:PORT";
+  return std::nullopt;
+}
+
+/// --topology-labels key=value,...
+std::optional<std::string> apply_topology_labels(const std::string& text, LaunchConfig& config) {
+  if (text.empty()) return std::nullopt;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) {
+    auto eq = item.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == item.size())
+      return "--topology-labels " + text + ": expected key=value,...";
+    config.topology_labels[item.substr(0, eq)] = item.substr(eq + 1);
+  }
+  return std::nullopt;
+}
+
+/// Static backend: --rdzv-endpoint names the master, as torchrun's static rendezvous reads it.
+bool endpoint_names_static_master(const LaunchConfig& config) {
+  return config.rdzv_backend == "static" && !config.standalone && !config.rdzv_endpoint.empty();
+}
+
+/// The static master from --rdzv-endpoint, over --master-addr and --master-port (with a warning).
+std::optional<std::string> apply_static_master(const CLI::App& app, LaunchConfig& config) {
+  auto endpoint = parse_endpoint(unquoted(config.rdzv_endpoint));
+  if (!endpoint || !endpoint->port)
+    return "--rdzv-endpoint " + config.rdzv_endpoint +
+           ": expected HOST:PORT or [IPV6]:PORT (the static backend's master)";
+  if (app.count("--master-addr") > 0 && config.master_addr != endpoint->host)
+    config.warnings.push_back("--master-addr " + config.master_addr + " is ignored: --rdzv-endpoint " +
+                              config.rdzv_endpoint + " names the master (as in torchrun)");
+  if (config.master_port && *config.master_port != *endpoint->port)
+    config.warnings.push_back("--master-port " + std::to_string(*config.master_port) +
+                              " is ignored: --rdzv-endpoint " + config.rdzv_endpoint +
+                              " names the master (as in torchrun)");
+  config.master_addr = endpoint->host;
+  config.master_port = endpoint->port;
+  if (*config.master_port == 0) config.master_port.reset();  // Port 0: a free one.
+  return std::nullopt;
+}
+
+/// MASTER_PORT's default and range, the backend, and flags that contradict each other.
+std::optional<std::string> check_master_and_backend(LaunchConfig& config) {
+  // Static multi-node: every node must agree on the port, so torchrun's fixed default applies.
+  if (config.max_nodes > 1 && config.rdzv_backend == "static" && !config.master_port)
+    config.master_port = 29500;
+  if (config.master_port && (*config.master_port < 1 || *config.master_port > 65535))
+    return "--master-port " + std::to_string(*config.master_port) + ": expected 1-65535";
+  if (config.rdzv_backend != "static" && config.rdzv_backend != "c10d")
+    return "--rdzv-backend " + config.rdzv_backend + ": expected static or c10d";
+  if (config.module && config.no_python) return "--module and --no-python cannot be used together";
+  if (config.start_method != "spawn")
+    config.warnings.push_back("--start-method " + config.start_method +
+                              " is ignored: every worker is a fresh exec'ed process (spawn)");
+  return std::nullopt;
+}
+
+/// --signals-to-handle and --numa-binding, checked.
+std::optional<std::string> apply_signals_and_binding(const FlagTexts& texts, LaunchConfig& config) {
+  std::string signals_error;
+  auto signals = parse_signal_list(texts.signals, &signals_error);
+  if (!signals) return signals_error;
+  config.signals_to_handle = *signals;
+  if (!texts.numa.empty()) {
+    config.numa_binding = parse_numa_binding(texts.numa);
+    if (!config.numa_binding)
+      return "--numa-binding " + texts.numa + ": expected node, socket, exclusive or core-complex";
+  }
+  return std::nullopt;
+}
+
+/// torchrun's flags that mcprun accepts only at their defaults: a warning or a usage error.
+std::optional<std::string> check_accepted_torchrun_flags(const FlagTexts& texts, LaunchConfig& config) {
+  if (texts.event_log_handler != "null")
+    config.warnings.push_back("--event-log-handler " + texts.event_log_handler +
+                              " is ignored: mcprun has no event log handlers");
+  if (!texts.logs_specs.empty() && texts.logs_specs != "default")
+    return "--logs-specs " + texts.logs_specs + ": mcprun has only torchrun's default "
+           "LogsSpecs (default); its logs are laid out by --log-dir, --redirects and --tee";
+  for (const auto* filters : {&texts.stdout_filters, &texts.stderr_filters})
+    if (!unquoted(*filters).empty())
+      return std::string(filters == &texts.stdout_filters ? "--duplicate-stdout-filters "
+                                                          : "--duplicate-stderr-filters ") +
+             *filters + ": mcprun does not copy matching lines to a second file; keep "
+             "every line with --log-dir and grep its stdout.log/stderr.log";
+  return std::nullopt;
+}
+
+/// --term-timeout unless given: --shutdown-timeout, else TORCH_ELASTIC_SHUTDOWN_TIMEOUT.
+std::optional<std::string> resolve_term_timeout(const CLI::App& app, const JobFile& job,
+                                                const FlagTexts& texts, LaunchConfig& config) {
+  if (app.count("--term-timeout") > 0 || job.flag_lines.contains("term-timeout") ||
+      std::getenv("PET_TERM_TIMEOUT") != nullptr)
+    return std::nullopt;
+  if (texts.shutdown_timeout) {
+    config.term_timeout = *texts.shutdown_timeout;
+  } else if (const char* torch_timeout = std::getenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT")) {
+    char* end = nullptr;
+    const double seconds = std::strtod(torch_timeout, &end);
+    if (!*torch_timeout || *end != '\0' || !(seconds >= 0))
+      return std::string("TORCH_ELASTIC_SHUTDOWN_TIMEOUT=") + torch_timeout + ": expected seconds >= 0";
+    config.term_timeout = seconds;
+  }
+  return std::nullopt;
+}
+
+/// torchrun reads the template from its own environment (a job file's env: counts as exported).
+void resolve_log_line_prefix(const JobFile& job, LaunchConfig& config) {
+  const char* prefix_template = std::getenv(kLogLinePrefixTemplateVariable);
+  if (auto it = job.env.find(kLogLinePrefixTemplateVariable); it != job.env.end())
+    prefix_template = it->second.c_str();
+  if (prefix_template && *prefix_template) config.log_line_prefix_template = prefix_template;
+}
+
+/// MASTER_ADDR: loopback when standalone, else --local-addr unless the master was named.
+void resolve_master_addr(const CLI::App& app, const JobFile& job, bool static_master,
+                         LaunchConfig& config) {
+  if (config.standalone) config.master_addr = "127.0.0.1";
+  else if (!static_master && !config.local_addr.empty() && app.count("--master-addr") == 0 &&
+           !job.flag_lines.contains("master-addr") && std::getenv("PET_MASTER_ADDR") == nullptr)
+    config.master_addr = config.local_addr;
+}
+
+/// parse_launch_config, recording in `job` what a --config job file set.
+ParseResult parse_arguments(const std::vector<std::string>& args, JobFile& job) {
+  LaunchConfig config;
+  CLI::App app{kUsage, "mcprun"};
+  app.prefix_command();  // Everything from the script on belongs to the script.
+  app.option_defaults()->always_capture_default();
+  app.set_version_flag("--version", "mcprun 0.1.0");
+  app.footer(kExitCodesAndExamples);
+
+  FlagTexts texts;
+  TorchrunFlags flags(app);
+  add_job_shape_flags(flags, config, texts);
+  add_worker_flags(flags, config);
+  add_output_flags(flags, config, texts);
+  add_shutdown_flags(flags, config, texts);
+  add_binding_flags(flags, config, texts);
+  add_accepted_torchrun_flags(flags, texts);
+  add_ci_flags(flags, config, texts);
+  add_diagnosis_flags(flags, config, texts);
+  add_launcher_flags(flags, config, texts);
+
+  if (auto ended = parse_command_line(app, args, texts.job_file_path, job)) return *ended;
+  if (auto error = take_script(app, job, config)) return UsageError{*error};
+  config.stack_dumps = !texts.no_stack_dumps;
+  if (auto error = apply_worker_texts(texts, config)) return UsageError{*error};
 
   // Under srun: what the step says, wherever the user set nothing (see launcher/config/slurm.hpp).
   auto set_by_user = [&](const std::string& dashed) {
@@ -525,113 +749,18 @@ ParseResult parse_arguments(const std::vector<std::string>& args, JobFile& job) 
            std::getenv(env_name_for(dashed).c_str()) != nullptr;
   };
   if (auto error = apply_slurm(config, current_environment(), set_by_user)) return UsageError{*error};
-  {
-    auto colon = config.nnodes.find(':');
-    auto min_nodes = parse_int(std::string_view(config.nnodes).substr(0, colon));
-    auto max_nodes = colon == std::string::npos
-                         ? min_nodes
-                         : parse_int(std::string_view(config.nnodes).substr(colon + 1));
-    if (!min_nodes || !max_nodes || *min_nodes < 1 || *max_nodes < *min_nodes)
-      return UsageError{"--nnodes " + config.nnodes + ": expected N or MIN:MAX with 1 <= MIN <= MAX"};
-    config.min_nodes = *min_nodes;
-    config.max_nodes = *max_nodes;
-  }
-  if (config.node_rank && (*config.node_rank < 0 || *config.node_rank >= config.max_nodes))
-    return UsageError{"--node-rank " + std::to_string(*config.node_rank) + ": expected 0-" +
-                      std::to_string(config.max_nodes - 1)};
-  if (config.rdzv_backend == "static" && config.min_nodes != config.max_nodes)
-    return UsageError{"--nnodes " + config.nnodes + ": an elastic MIN:MAX job needs "
-                      "--rdzv-backend c10d and --rdzv-endpoint"};
-  if (config.uses_rendezvous() && config.rdzv_endpoint.empty())
-    return UsageError{"--nnodes " + config.nnodes + " with --rdzv-backend " + config.rdzv_backend +
-                      " needs --rdzv-endpoint HOST:PORT"};
+  if (auto error = apply_node_counts(config)) return UsageError{*error};
   if (auto error = apply_rdzv_conf(config.rdzv_conf, config)) return UsageError{*error};
-  if (!labels_text.empty()) {
-    std::stringstream in(labels_text);
-    for (std::string item; std::getline(in, item, ',');) {
-      auto eq = item.find('=');
-      if (eq == std::string::npos || eq == 0 || eq + 1 == item.size())
-        return UsageError{"--topology-labels " + labels_text + ": expected key=value,..."};
-      config.topology_labels[item.substr(0, eq)] = item.substr(eq + 1);
-    }
-  }
-  // Static backend: --rdzv-endpoint names the master, as torchrun's static rendezvous reads it.
-  const bool static_endpoint = config.rdzv_backend == "static" && !config.standalone &&
-                               !config.rdzv_endpoint.empty();
-  if (static_endpoint) {
-    auto endpoint = parse_endpoint(unquoted(config.rdzv_endpoint));
-    if (!endpoint || !endpoint->port)
-      return UsageError{"--rdzv-endpoint " + config.rdzv_endpoint +
-                        ": expected HOST:PORT or [IPV6]:PORT (the static backend's master)"};
-    if (app.count("--master-addr") > 0 && config.master_addr != endpoint->host)
-      config.warnings.push_back("--master-addr " + config.master_addr + " is ignored: --rdzv-endpoint " +
-                                config.rdzv_endpoint + " names the master (as in torchrun)");
-    if (config.master_port && *config.master_port != *endpoint->port)
-      config.warnings.push_back("--master-port " + std::to_string(*config.master_port) +
-                                " is ignored: --rdzv-endpoint " + config.rdzv_endpoint +
-                                " names the master (as in torchrun)");
-    config.master_addr = endpoint->host;
-    config.master_port = endpoint->port;
-    if (*config.master_port == 0) config.master_port.reset();  // Port 0: a free one.
-  }
-  // Static multi-node: every node must agree on the port, so torchrun's fixed default applies.
-  if (config.max_nodes > 1 && config.rdzv_backend == "static" && !config.master_port)
-    config.master_port = 29500;
-  if (config.master_port && (*config.master_port < 1 || *config.master_port > 65535))
-    return UsageError{"--master-port " + std::to_string(*config.master_port) +
-                      ": expected 1-65535"};
-  if (config.rdzv_backend != "static" && config.rdzv_backend != "c10d")
-    return UsageError{"--rdzv-backend " + config.rdzv_backend + ": expected static or c10d"};
-  if (config.module && config.no_python)
-    return UsageError{"--module and --no-python cannot be used together"};
-  if (config.start_method != "spawn")
-    config.warnings.push_back("--start-method " + config.start_method +
-                              " is ignored: every worker is a fresh exec'ed process (spawn)");
-  std::string signals_error;
-  auto signals = parse_signal_list(signals_text, &signals_error);
-  if (!signals) return UsageError{signals_error};
-  config.signals_to_handle = *signals;
-  if (!numa_text.empty()) {
-    config.numa_binding = parse_numa_binding(numa_text);
-    if (!config.numa_binding)
-      return UsageError{"--numa-binding " + numa_text +
-                        ": expected node, socket, exclusive or core-complex"};
-  }
-  if (event_log_handler != "null")
-    config.warnings.push_back("--event-log-handler " + event_log_handler +
-                              " is ignored: mcprun has no event log handlers");
-  if (!logs_specs.empty() && logs_specs != "default")
-    return UsageError{"--logs-specs " + logs_specs + ": mcprun has only torchrun's default "
-                      "LogsSpecs (default); its logs are laid out by --log-dir, --redirects and --tee"};
-  for (const auto* filters : {&stdout_filters, &stderr_filters})
-    if (!unquoted(*filters).empty())
-      return UsageError{std::string(filters == &stdout_filters ? "--duplicate-stdout-filters "
-                                                               : "--duplicate-stderr-filters ") +
-                        *filters + ": mcprun does not copy matching lines to a second file; keep "
-                        "every line with --log-dir and grep its stdout.log/stderr.log"};
-  if (app.count("--term-timeout") == 0 && !job.flag_lines.contains("term-timeout") &&
-      std::getenv("PET_TERM_TIMEOUT") == nullptr) {
-    if (shutdown_timeout) {
-      config.term_timeout = *shutdown_timeout;
-    } else if (const char* torch_timeout = std::getenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT")) {
-      char* end = nullptr;
-      const double seconds = std::strtod(torch_timeout, &end);
-      if (!*torch_timeout || *end != '\0' || !(seconds >= 0))
-        return UsageError{std::string("TORCH_ELASTIC_SHUTDOWN_TIMEOUT=") + torch_timeout +
-                          ": expected seconds >= 0"};
-      config.term_timeout = seconds;
-    }
-  }
-  // torchrun reads the template from its own environment (a job file's env: counts as exported).
-  const char* prefix_template = std::getenv(kLogLinePrefixTemplateVariable);
-  if (auto it = job.env.find(kLogLinePrefixTemplateVariable); it != job.env.end())
-    prefix_template = it->second.c_str();
-  if (prefix_template && *prefix_template) config.log_line_prefix_template = prefix_template;
-
-  if (config.standalone) config.master_addr = "127.0.0.1";
-  else if (!static_endpoint && !config.local_addr.empty() && app.count("--master-addr") == 0 &&
-           !job.flag_lines.contains("master-addr") && std::getenv("PET_MASTER_ADDR") == nullptr)
-    config.master_addr = config.local_addr;
+  if (auto error = apply_topology_labels(texts.labels, config)) return UsageError{*error};
+  const bool static_master = endpoint_names_static_master(config);
+  if (static_master)
+    if (auto error = apply_static_master(app, config)) return UsageError{*error};
+  if (auto error = check_master_and_backend(config)) return UsageError{*error};
+  if (auto error = apply_signals_and_binding(texts, config)) return UsageError{*error};
+  if (auto error = check_accepted_torchrun_flags(texts, config)) return UsageError{*error};
+  if (auto error = resolve_term_timeout(app, job, texts, config)) return UsageError{*error};
+  resolve_log_line_prefix(job, config);
+  resolve_master_addr(app, job, static_master, config);
   return config;
 }
 

@@ -45,6 +45,111 @@ std::string worker_python(const Environment& env) {
   return exec != env.end() && !exec->second.empty() ? exec->second : "python3";
 }
 
+namespace {
+
+/// --nproc-per-node as a count: cpu, gpu and auto resolved against what this node has.
+std::variant<int, UsageError> resolve_nproc(const NprocSpec& spec, int gpu_count) {
+  const int cpu_count = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  switch (spec.kind) {
+    case NprocSpec::Kind::kCount: return spec.count;
+    case NprocSpec::Kind::kCpu: return cpu_count;
+    case NprocSpec::Kind::kGpu:
+      if (gpu_count == 0)
+        return UsageError{"--nproc-per-node gpu: no NVIDIA GPU found (use a count, cpu or auto)"};
+      return gpu_count;
+    case NprocSpec::Kind::kAuto: return gpu_count > 0 ? gpu_count : cpu_count;
+  }
+  return spec.count;
+}
+
+/// The workers' command line: the script (or module, or executable) through Python unless
+/// --no-python, with its arguments. An error when the script or interpreter is not there.
+std::variant<std::vector<std::string>, UsageError> worker_argv(const LaunchConfig& config,
+                                                               const Environment& inherited) {
+  if (!config.module) {
+    if (config.no_python) {
+      if (!find_executable(config.script, search_path_of(inherited)))
+        return UsageError{"executable not found: " + config.script};
+    } else if (!std::filesystem::is_regular_file(config.script)) {
+      return UsageError{"training script not found: " + config.script};
+    }
+  }
+  std::vector<std::string> argv;
+  if (config.no_python) {
+    argv.push_back(config.script);
+  } else {
+    const std::string python = worker_python(inherited);
+    auto resolved = find_executable(python, search_path_of(inherited));
+    if (!resolved) return UsageError{"python interpreter not found: " + python + " (set PYTHON_EXEC)"};
+    argv = {*resolved, "-u"};  // Unbuffered, as torchrun runs it, so output is live.
+    if (config.module) argv.push_back("-m");
+    argv.push_back(config.script);
+  }
+  argv.insert(argv.end(), config.script_args.begin(), config.script_args.end());
+  return argv;
+}
+
+/// One slot per local rank: its global rank and, when pinned, its GPU and the GPUs it sees.
+std::vector<RankSlot> rank_slots(const LaunchConfig& config, const TopologyOrder& order, int nproc,
+                                 int group_rank, bool pinned) {
+  // Every worker sees the job's GPUs in topology order, so cuda:LOCAL_RANK is the GPU chosen for
+  // that rank and set_device(LOCAL_RANK) works unchanged; GPUs beyond nproc stay hidden.
+  std::vector<std::string> job_gpus;
+  if (pinned)
+    for (int local_rank = 0; local_rank < nproc; ++local_rank)
+      job_gpus.push_back(order.gpus[local_rank].cuda_visible_name());
+  std::vector<RankSlot> slots;
+  for (int local_rank = 0; local_rank < nproc; ++local_rank) {
+    RankSlot slot;
+    slot.identity.local_rank = local_rank;
+    slot.identity.rank = group_rank * nproc + local_rank;
+    if (pinned) {
+      slot.identity.gpu = order.gpus[local_rank];
+      slot.identity.visible_gpus = config.virtual_local_rank
+                                       ? std::vector<std::string>{job_gpus[local_rank]}
+                                       : job_gpus;
+      if (config.bind == LaunchConfig::CpuBind::kNuma) slot.cpus = order.gpus[local_rank].local_cpus;
+    }
+    slots.push_back(std::move(slot));
+  }
+  return slots;
+}
+
+/// --numa-binding: each pinned slot's CPUs near its GPU, in torch 2.x's mode.
+std::optional<UsageError> bind_numa(const LaunchConfig& config, const TopologyOrder& order,
+                                    RankPlan& plan) {
+  if (config.numa_binding && plan.pinned) {
+    const CpuTopology cpus = read_cpu_topology();
+    for (RankSlot& slot : plan.slots) {
+      auto bound = numa_binding_cpus(*config.numa_binding, *slot.identity.gpu, order.gpus, cpus);
+      if (auto* error = std::get_if<std::string>(&bound))
+        return UsageError{"--numa-binding " + std::string(to_string(*config.numa_binding)) +
+                          ": local rank " + std::to_string(slot.identity.local_rank) + ": " + *error};
+      slot.cpus = std::move(std::get<std::vector<int>>(bound));
+    }
+  } else if (config.numa_binding) {
+    plan.warnings.push_back("--numa-binding has no effect without pinned GPUs");
+  }
+  return std::nullopt;
+}
+
+/// Flags that do nothing in this plan, --nccl-debug's variables, and inherited variables to warn of.
+void finish_plan(const LaunchConfig& config, const Environment& inherited, RankPlan& plan) {
+  if (config.virtual_local_rank && !plan.pinned)
+    plan.warnings.push_back("--virtual-local-rank sets LOCAL_RANK=0 for every worker of an "
+                            "unpinned job: ranks on one node can no longer tell their GPU apart");
+  if (config.bind == LaunchConfig::CpuBind::kNuma && !plan.pinned)
+    plan.warnings.push_back("--bind numa has no effect without pinned GPUs");
+  if (config.nccl_debug)
+    plan.extra_env.insert({{"NCCL_DEBUG", "INFO"},
+                           {"NCCL_DEBUG_SUBSYS", "INIT,NET"},
+                           {"TORCH_DISTRIBUTED_DEBUG", "DETAIL"}});
+  auto env_warnings = environment_warnings(plan.job, inherited);
+  plan.warnings.insert(plan.warnings.end(), env_warnings.begin(), env_warnings.end());
+}
+
+}  // namespace
+
 std::variant<RankPlan, UsageError> build_rank_plan(const LaunchConfig& config,
                                                    std::vector<GpuDevice> discovered,
                                                    const Environment& inherited, int master_port) {
@@ -59,19 +164,10 @@ std::variant<RankPlan, UsageError> build_rank_plan(const LaunchConfig& config,
   if (!order.error.empty())
     return UsageError{(config.gpus ? "--gpus: " : "CUDA_VISIBLE_DEVICES: ") + order.error};
   const int gpu_count = static_cast<int>(order.gpus.size());
-  const int cpu_count = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 
-  int nproc = config.nproc.count;
-  switch (config.nproc.kind) {
-    case NprocSpec::Kind::kCount: break;
-    case NprocSpec::Kind::kCpu: nproc = cpu_count; break;
-    case NprocSpec::Kind::kGpu:
-      if (gpu_count == 0)
-        return UsageError{"--nproc-per-node gpu: no NVIDIA GPU found (use a count, cpu or auto)"};
-      nproc = gpu_count;
-      break;
-    case NprocSpec::Kind::kAuto: nproc = gpu_count > 0 ? gpu_count : cpu_count; break;
-  }
+  auto resolved = resolve_nproc(config.nproc, gpu_count);
+  if (auto* error = std::get_if<UsageError>(&resolved)) return *error;
+  const int nproc = std::get<int>(resolved);
 
   // `-n cpu` asks for a CPU job; no GPU at all is a CPU job too, and not an error.
   plan.pinned = !config.no_pin && gpu_count > 0 && config.nproc.kind != NprocSpec::Kind::kCpu;
@@ -80,25 +176,9 @@ std::variant<RankPlan, UsageError> build_rank_plan(const LaunchConfig& config,
                       std::to_string(gpu_count) +
                       " GPU(s) allowed; lower --nproc-per-node or pass --no-pin to share GPUs"};
 
-  if (!config.module) {
-    if (config.no_python) {
-      if (!find_executable(config.script, search_path_of(inherited)))
-        return UsageError{"executable not found: " + config.script};
-    } else if (!std::filesystem::is_regular_file(config.script)) {
-      return UsageError{"training script not found: " + config.script};
-    }
-  }
-  if (config.no_python) {
-    plan.argv.push_back(config.script);
-  } else {
-    const std::string python = worker_python(inherited);
-    auto resolved = find_executable(python, search_path_of(inherited));
-    if (!resolved) return UsageError{"python interpreter not found: " + python + " (set PYTHON_EXEC)"};
-    plan.argv = {*resolved, "-u"};  // Unbuffered, as torchrun runs it, so output is live.
-    if (config.module) plan.argv.push_back("-m");
-    plan.argv.push_back(config.script);
-  }
-  plan.argv.insert(plan.argv.end(), config.script_args.begin(), config.script_args.end());
+  auto argv = worker_argv(config, inherited);
+  if (auto* error = std::get_if<UsageError>(&argv)) return *error;
+  plan.argv = std::move(std::get<std::vector<std::string>>(argv));
 
   // A static multi-node job knows its place from the flags; a rendezvous moves it later.
   const int group_rank = config.uses_rendezvous() ? 0 : config.node_rank.value_or(0);
@@ -107,48 +187,9 @@ std::variant<RankPlan, UsageError> build_rank_plan(const LaunchConfig& config,
                          config.max_restarts, nproc, nproc * group_world_size, group_rank,
                          group_world_size, config.virtual_local_rank,
                          format_signal_list(config.signals_to_handle)};
-  // Every worker sees the job's GPUs in topology order, so cuda:LOCAL_RANK is the GPU chosen for
-  // that rank and set_device(LOCAL_RANK) works unchanged; GPUs beyond nproc stay hidden.
-  std::vector<std::string> job_gpus;
-  if (plan.pinned)
-    for (int local_rank = 0; local_rank < nproc; ++local_rank)
-      job_gpus.push_back(order.gpus[local_rank].cuda_visible_name());
-  for (int local_rank = 0; local_rank < nproc; ++local_rank) {
-    RankSlot slot;
-    slot.identity.local_rank = local_rank;
-    slot.identity.rank = group_rank * nproc + local_rank;
-    if (plan.pinned) {
-      slot.identity.gpu = order.gpus[local_rank];
-      slot.identity.visible_gpus = config.virtual_local_rank
-                                       ? std::vector<std::string>{job_gpus[local_rank]}
-                                       : job_gpus;
-      if (config.bind == LaunchConfig::CpuBind::kNuma) slot.cpus = order.gpus[local_rank].local_cpus;
-    }
-    plan.slots.push_back(std::move(slot));
-  }
-  if (config.numa_binding && plan.pinned) {
-    const CpuTopology cpus = read_cpu_topology();
-    for (RankSlot& slot : plan.slots) {
-      auto bound = numa_binding_cpus(*config.numa_binding, *slot.identity.gpu, order.gpus, cpus);
-      if (auto* error = std::get_if<std::string>(&bound))
-        return UsageError{"--numa-binding " + std::string(to_string(*config.numa_binding)) +
-                          ": local rank " + std::to_string(slot.identity.local_rank) + ": " + *error};
-      slot.cpus = std::move(std::get<std::vector<int>>(bound));
-    }
-  } else if (config.numa_binding) {
-    plan.warnings.push_back("--numa-binding has no effect without pinned GPUs");
-  }
-  if (config.virtual_local_rank && !plan.pinned)
-    plan.warnings.push_back("--virtual-local-rank sets LOCAL_RANK=0 for every worker of an "
-                            "unpinned job: ranks on one node can no longer tell their GPU apart");
-  if (config.bind == LaunchConfig::CpuBind::kNuma && !plan.pinned)
-    plan.warnings.push_back("--bind numa has no effect without pinned GPUs");
-  if (config.nccl_debug)
-    plan.extra_env.insert({{"NCCL_DEBUG", "INFO"},
-                           {"NCCL_DEBUG_SUBSYS", "INIT,NET"},
-                           {"TORCH_DISTRIBUTED_DEBUG", "DETAIL"}});
-  auto env_warnings = environment_warnings(plan.job, inherited);
-  plan.warnings.insert(plan.warnings.end(), env_warnings.begin(), env_warnings.end());
+  plan.slots = rank_slots(config, order, nproc, group_rank, plan.pinned);
+  if (auto error = bind_numa(config, order, plan)) return *error;
+  finish_plan(config, inherited, plan);
   return plan;
 }
 
