@@ -39,7 +39,8 @@ std::vector<LeaseQueue::Grant> LeaseQueue::grant_waiting() {
 }
 
 bool LeaseQueue::withdraw(const void* waiter) {
-  return std::erase_if(waiting_, [&](const Waiting& w) { return w.waiter.lock().get() == waiter; }) > 0;
+  return std::erase_if(waiting_,
+                       [&](const Waiting& w) { return w.waiter.lock().get() == waiter; }) > 0;
 }
 
 std::optional<uint64_t> LeaseQueue::restore(Lease lease) {

@@ -111,7 +111,9 @@ DaemonConfig apply_reload(const DaemonConfig& running, DaemonConfig next, Rendez
 /// The flags, each over the file's value; defaults as --help shows them.
 void add_flags(CLI::App& app, DaemonFlags& flags) {
   const DaemonConfig defaults;
-  const auto seconds_of = [](std::chrono::milliseconds ms) { return fmt::format("{:g}", ms.count() / 1000.0); };
+  const auto seconds_of = [](std::chrono::milliseconds ms) {
+    return fmt::format("{:g}", std::chrono::duration<double>(ms).count());
+  };
   app.add_option("--config", flags.config_file,
                  "YAML configuration (see configs/rendezvousd.yaml); SIGHUP re-reads it");
   app.add_option("--listen", flags.listen, "IP:PORT to listen on (default 0.0.0.0:29400; port 0: any, logged)");
@@ -138,7 +140,8 @@ void add_flags(CLI::App& app, DaemonFlags& flags) {
 /// Opens the rendezvous server and the metrics endpoint; false, with the error logged, when an
 /// address cannot be had.
 bool open_listeners(boost::asio::io_context& io, const StartupConfig& startup,
-                    std::optional<RendezvousServer>& server, std::optional<MetricsServer>& metrics) {
+                    std::optional<RendezvousServer>& server,
+                    std::optional<MetricsServer>& metrics) {
   const DaemonConfig& config = startup.config;
   std::string listening = config.listen;  // What was being opened, for the error line.
   if (!config.server.unix_socket.empty()) listening += " and unix:" + config.server.unix_socket;
@@ -182,7 +185,8 @@ void reload_on_sighup(Reloadable& reload) {
       spdlog::info("reloaded the configuration{}",
                    reload.flags.config_file.empty() ? "" : " from " + reload.flags.config_file);
     } else {
-      spdlog::error("reload refused, keeping the running configuration: {}", std::get<std::string>(reloaded));
+      spdlog::error("reload refused, keeping the running configuration: {}",
+                    std::get<std::string>(reloaded));
     }
     reload.notifier.ready();
     reload_on_sighup(reload);

@@ -38,8 +38,12 @@ struct SentSignal {
   bool operator==(const SentSignal&) const = default;
 };
 
-inline SentSignal to_group(pid_t leader, int signal) { return {SentSignal::To::kGroup, leader, signal}; }
-inline SentSignal to_process(pid_t pid, int signal) { return {SentSignal::To::kProcess, pid, signal}; }
+inline SentSignal to_group(pid_t leader, int signal) {
+  return {SentSignal::To::kGroup, leader, signal};
+}
+inline SentSignal to_process(pid_t pid, int signal) {
+  return {SentSignal::To::kProcess, pid, signal};
+}
 inline SentSignal to_orphans(int signal) { return {SentSignal::To::kOrphans, 0, signal}; }
 
 inline std::ostream& operator<<(std::ostream& out, const SentSignal& sent) {
@@ -60,10 +64,11 @@ class FakeProcessControl final : public ProcessControl {
   struct Process {
     pid_t pid = 0;
     SpawnRequest request;
-    bool orphan = false;                   ///< Adopted, not spawned: only signal_orphans reaches it.
-    std::optional<ProcessExit> ended;      ///< Set once it has ended.
+    bool orphan = false;               ///< Adopted, not spawned: only signal_orphans reaches it.
+    std::optional<ProcessExit> ended;  ///< Set once it has ended.
     bool reaped = false;
-    std::map<int, std::optional<FakeEnding>> reactions;  ///< Its own; nullopt: it ignores that signal.
+    /// Its own reactions to signals; nullopt: it ignores that signal.
+    std::map<int, std::optional<FakeEnding>> reactions;
     bool running() const { return !ended; }
   };
 
@@ -85,7 +90,7 @@ class FakeProcessControl final : public ProcessControl {
 
   /// Process `pid` exits with `exit_code` on its own.
   void exit(pid_t pid, int exit_code) { end(pid, FakeEnding::exits(exit_code)); }
-  /// Process `pid` dies of `signal` that nobody sent through the launcher (a crash, the OOM killer).
+  /// Process `pid` dies of a `signal` the launcher did not send (a crash, the OOM killer).
   void die(pid_t pid, int signal) { end(pid, FakeEnding::killed_by(signal)); }
   void end(pid_t pid, FakeEnding ending) {
     Process& ended = find(pid);
@@ -153,7 +158,8 @@ class FakeProcessControl final : public ProcessControl {
     return pid;
   }
   void signal_group(pid_t pgid, int signal) override {
-    deliver(to_group(pgid, signal), [&](const Process& each) { return !each.orphan && each.pid == pgid; });
+    deliver(to_group(pgid, signal),
+            [&](const Process& each) { return !each.orphan && each.pid == pgid; });
   }
   void signal_process(pid_t pid, int signal) override {
     deliver(to_process(pid, signal), [&](const Process& each) { return each.pid == pid; });
@@ -179,7 +185,9 @@ class FakeProcessControl final : public ProcessControl {
     return std::nullopt;
   }
   bool has_children() override { return !all_reaped(); }
-  void set_exit_listener(std::function<void()> listener) override { listener_ = std::move(listener); }
+  void set_exit_listener(std::function<void()> listener) override {
+    listener_ = std::move(listener);
+  }
 
  private:
   Process& find(pid_t pid) { return const_cast<Process&>(std::as_const(*this).process(pid)); }

@@ -59,11 +59,14 @@ class WorkerGroupTest : public ::testing::Test {
 
   AttemptResult run_attempt(int restart_count = 0) {
     WorkerGroup& workers = group();
-    return workers.run_attempt(restart_count, {dir_ / ("attempt_" + std::to_string(restart_count)), false});
+    const AttemptFiles files{dir_ / ("attempt_" + std::to_string(restart_count)), false};
+    return workers.run_attempt(restart_count, files);
   }
 
   /// The pid fake spawn number `index` got.
-  pid_t pid(size_t index) const { return FakeProcessControl::kFirstPid + static_cast<pid_t>(index); }
+  pid_t pid(size_t index) const {
+    return FakeProcessControl::kFirstPid + static_cast<pid_t>(index);
+  }
 
   /// SIGNAL to every worker's group, then to the orphans: how WorkerGroup reaches everything.
   std::vector<SentSignal> to_everything(int signal, const std::vector<pid_t>& leaders) const {
@@ -73,7 +76,8 @@ class WorkerGroupTest : public ::testing::Test {
     return sent;
   }
 
-  static std::vector<SentSignal> then(std::vector<SentSignal> first, const std::vector<SentSignal>& second) {
+  static std::vector<SentSignal> then(std::vector<SentSignal> first,
+                                      const std::vector<SentSignal>& second) {
     first.insert(first.end(), second.begin(), second.end());
     return first;
   }
@@ -264,7 +268,8 @@ TEST_F(WorkerGroupTest, AFailedSpawnStopsTheRanksAlreadyStarted) {
   EXPECT_EQ(result.spawn_error, "execvp(train.py): No such file or directory");
   EXPECT_EQ(fake_.spawned(), std::vector<pid_t>{pid(0)});
   EXPECT_EQ(result.workers[1].pid, 0);
-  EXPECT_EQ(fake_.signals(), then(to_everything(SIGTERM, {pid(0)}), to_everything(SIGCONT, {pid(0)})));
+  EXPECT_EQ(fake_.signals(),
+            then(to_everything(SIGTERM, {pid(0)}), to_everything(SIGCONT, {pid(0)})));
   EXPECT_TRUE(fake_.all_reaped());
 }
 
@@ -305,8 +310,9 @@ TEST_F(WorkerGroupTest, AStallAsksEachWorkerAloneForPythonTracebacksBeforeStoppi
   EXPECT_TRUE(diagnosed[0][0].running && diagnosed[0][1].running);
   // SIGCONT first, so that a stopped worker can print; SIGABRT to the worker alone, not what it
   // started. Every worker died of it, so nothing was left to SIGTERM.
-  EXPECT_EQ(fake_.signals(), (std::vector<SentSignal>{to_group(pid(0), SIGCONT), to_process(pid(0), SIGABRT),
-                                                      to_group(pid(1), SIGCONT), to_process(pid(1), SIGABRT)}));
+  EXPECT_EQ(fake_.signals(),
+            (std::vector<SentSignal>{to_group(pid(0), SIGCONT), to_process(pid(0), SIGABRT),
+                                     to_group(pid(1), SIGCONT), to_process(pid(1), SIGABRT)}));
   EXPECT_EQ(result.workers[0].signal, SIGABRT);
   EXPECT_TRUE(result.workers[0].stopped_by_launcher);
   EXPECT_TRUE(fake_.all_reaped());

@@ -612,7 +612,8 @@ CheckResult check_gloo_socket_ifname(
         interface_names().end())
       missing.push_back(interface);
   if (!missing.empty())
-    return warn(name, shown + ": no interface " + join(missing, ", ") + " here; Gloo fails to start",
+    return warn(name,
+                shown + ": no interface " + join(missing, ", ") + " here; Gloo fails to start",
                 "name an interface that exists (ip -br link)");
   return ok(name, shown + ": Gloo's sockets use this interface");
 }

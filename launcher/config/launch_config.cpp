@@ -318,20 +318,30 @@ struct FlagTexts {
   bool no_stack_dumps = false;
 };
 
-/// Adds a torchrun flag by its dashed name: its underscore spelling and its PET_ variable too.
-class TorchrunFlags {
+/// Adds a torchrun option by its dashed name: its underscore spelling and its PET_ variable too.
+class TorchrunOption {
  public:
-  explicit TorchrunFlags(CLI::App& app) : app_(app) {}
+  explicit TorchrunOption(CLI::App& app) : app_(app) {}
   template <class Target>
-  CLI::Option* option(const std::string& dashed, Target& target, const std::string& help,
-                      const std::string& short_name = "") {
-    return app_.add_option(names_for(dashed, short_name), target, help)->envname(env_name_for(dashed));
+  CLI::Option* operator()(const std::string& dashed, Target& target, const std::string& help,
+                          const std::string& short_name = "") const {
+    return app_.add_option(names_for(dashed, short_name), target, help)
+        ->envname(env_name_for(dashed));
   }
-  CLI::Option* flag(const std::string& dashed, bool& target, const std::string& help,
-                    const std::string& short_name = "") {
-    return app_.add_flag(names_for(dashed, short_name), target, help)->envname(env_name_for(dashed));
+
+ private:
+  CLI::App& app_;
+};
+
+/// Adds a torchrun switch the same way.
+class TorchrunFlag {
+ public:
+  explicit TorchrunFlag(CLI::App& app) : app_(app) {}
+  CLI::Option* operator()(const std::string& dashed, bool& target, const std::string& help,
+                          const std::string& short_name = "") const {
+    return app_.add_flag(names_for(dashed, short_name), target, help)
+        ->envname(env_name_for(dashed));
   }
-  CLI::App& app() { return app_; }
 
  private:
   CLI::App& app_;
@@ -340,25 +350,26 @@ class TorchrunFlags {
 // The flags, in the order --help lists them.
 
 /// How many workers on how many nodes, and how the nodes find each other.
-void add_job_shape_flags(TorchrunFlags& flags, LaunchConfig& config, FlagTexts& texts) {
-  CLI::App& app = flags.app();
-  flags.option("nproc-per-node", texts.nproc, "Workers per node: N, cpu, gpu (GPU count; error if none) or "
-               "auto (GPU count, else CPU count)", "-n");
-  flags.option("nnodes", config.nnodes, "Number of nodes: N, or MIN:MAX for an elastic job");
-  flags.option("node-rank", config.node_rank,
-               "Rank of this node (static backend: default 0; rendezvous: assigned unless given)");
-  flags.option("master-addr", config.master_addr, "Address of the store that rank 0 hosts");
-  flags.option("master-port", config.master_port,
-               "Port of that store (default: a free port, reserved so nothing else takes it)");
-  flags.flag("standalone", config.standalone, "Single-node job with a private store on a free port");
-  flags.option("rdzv-backend", config.rdzv_backend, "Rendezvous backend: static or c10d (one node: local)");
-  flags.option("rdzv-endpoint", config.rdzv_endpoint,
-               "Rendezvous endpoint HOST:PORT ([IPV6]:PORT); with the static backend it is the master's "
-               "address and port, and beats --master-addr/--master-port");
-  flags.option("rdzv-id", config.rdzv_id, "Job id, exported as TORCHELASTIC_RUN_ID");
-  flags.option("rdzv-conf", config.rdzv_conf,
-               "Rendezvous options key=value,... (outer quotes are stripped): join_timeout (default 120 s), "
-               "last_call_timeout (default 5 s), is_host; torchrun's other keys are accepted and unused");
+void add_job_shape_flags(CLI::App& app, LaunchConfig& config, FlagTexts& texts) {
+  const TorchrunOption add(app);
+  const TorchrunFlag flag(app);
+  add("nproc-per-node", texts.nproc, "Workers per node: N, cpu, gpu (GPU count; error if none) or "
+      "auto (GPU count, else CPU count)", "-n");
+  add("nnodes", config.nnodes, "Number of nodes: N, or MIN:MAX for an elastic job");
+  add("node-rank", config.node_rank,
+      "Rank of this node (static backend: default 0; rendezvous: assigned unless given)");
+  add("master-addr", config.master_addr, "Address of the store that rank 0 hosts");
+  add("master-port", config.master_port,
+      "Port of that store (default: a free port, reserved so nothing else takes it)");
+  flag("standalone", config.standalone, "Single-node job with a private store on a free port");
+  add("rdzv-backend", config.rdzv_backend, "Rendezvous backend: static or c10d (one node: local)");
+  add("rdzv-endpoint", config.rdzv_endpoint,
+      "Rendezvous endpoint HOST:PORT ([IPV6]:PORT); with the static backend it is the master's "
+      "address and port, and beats --master-addr/--master-port");
+  add("rdzv-id", config.rdzv_id, "Job id, exported as TORCHELASTIC_RUN_ID");
+  add("rdzv-conf", config.rdzv_conf,
+      "Rendezvous options key=value,... (outer quotes are stripped): join_timeout (default 120 s), "
+      "last_call_timeout (default 5 s), is_host; torchrun's other keys are accepted and unused");
   app.add_option("--topology-labels", texts.labels,
                  "This node's place, e.g. rack=r1,switch=s3: nodes sharing labels get "
                  "neighbouring ranks")
@@ -372,77 +383,83 @@ void add_job_shape_flags(TorchrunFlags& flags, LaunchConfig& config, FlagTexts& 
 }
 
 /// What each worker runs, and how often the group restarts.
-void add_worker_flags(TorchrunFlags& flags, LaunchConfig& config) {
-  flags.option("max-restarts", config.max_restarts, "Restart the whole group up to N times on failure")
+void add_worker_flags(CLI::App& app, LaunchConfig& config) {
+  const TorchrunOption add(app);
+  const TorchrunFlag flag(app);
+  add("max-restarts", config.max_restarts, "Restart the whole group up to N times on failure")
       ->check(CLI::NonNegativeNumber);
-  flags.option("monitor-interval", config.monitor_interval,
-               "Accepted for compatibility and unnecessary: worker exits are events, never polled");
-  flags.option("start-method", config.start_method,
-               "Accepted for compatibility: every worker is a fresh exec'ed process (spawn)")
+  add("monitor-interval", config.monitor_interval,
+      "Accepted for compatibility and unnecessary: worker exits are events, never polled");
+  add("start-method", config.start_method,
+      "Accepted for compatibility: every worker is a fresh exec'ed process (spawn)")
       ->check(CLI::IsMember({"spawn", "fork", "forkserver"}));
-  flags.option("role", config.role, "Worker role name (ROLE_NAME)");
-  flags.flag("module", config.module, "Run SCRIPT as a Python module (python -m)", "-m");
-  flags.flag("no-python", config.no_python, "Exec SCRIPT directly instead of through Python");
-  flags.flag("run-path", config.run_path, "Run SCRIPT by path (what mcprun always does for a .py)");
+  add("role", config.role, "Worker role name (ROLE_NAME)");
+  flag("module", config.module, "Run SCRIPT as a Python module (python -m)", "-m");
+  flag("no-python", config.no_python, "Exec SCRIPT directly instead of through Python");
+  flag("run-path", config.run_path, "Run SCRIPT by path (what mcprun always does for a .py)");
 }
 
-/// Where the workers' output goes.
-void add_output_flags(TorchrunFlags& flags, LaunchConfig& config, FlagTexts& texts) {
-  flags.option("log-dir", config.log_dir, "Keep per-rank stdout/stderr logs and error files here");
-  flags.option("redirects", texts.redirects,
-               "Send streams to log files only: 0 none, 1 stdout, 2 stderr, 3 both, or rank:bits,...", "-r");
-  flags.option("tee", texts.tee, "Send streams to log files and the console (same syntax as --redirects)",
-               "-t");
-  flags.option("local-ranks-filter", texts.ranks_filter,
-               "Show only these local ranks on the console, e.g. 0,3 (all are still logged)");
-  // Here in torchrun's --help too.
-  flags.option("local-addr", config.local_addr, "Address of this node; used as MASTER_ADDR when given");
+/// Where the workers' output goes; --local-addr follows, where torchrun's --help has it.
+void add_output_flags(CLI::App& app, LaunchConfig& config, FlagTexts& texts) {
+  const TorchrunOption add(app);
+  add("log-dir", config.log_dir, "Keep per-rank stdout/stderr logs and error files here");
+  add("redirects", texts.redirects,
+      "Send streams to log files only: 0 none, 1 stdout, 2 stderr, 3 both, or rank:bits,...", "-r");
+  add("tee", texts.tee, "Send streams to log files and the console (same syntax as --redirects)",
+      "-t");
+  add("local-ranks-filter", texts.ranks_filter,
+      "Show only these local ranks on the console, e.g. 0,3 (all are still logged)");
+  add("local-addr", config.local_addr, "Address of this node; used as MASTER_ADDR when given");
 }
 
 /// How the group is stopped, and which signals stop it.
-void add_shutdown_flags(TorchrunFlags& flags, LaunchConfig& config, FlagTexts& texts) {
-  flags.option("term-timeout", config.term_timeout, "Seconds between SIGTERM and SIGKILL when stopping")
+void add_shutdown_flags(CLI::App& app, LaunchConfig& config, FlagTexts& texts) {
+  const TorchrunOption add(app);
+  add("term-timeout", config.term_timeout, "Seconds between SIGTERM and SIGKILL when stopping")
       ->check(CLI::NonNegativeNumber);
-  flags.option("shutdown-timeout", texts.shutdown_timeout,
-               "torchrun 2.x's name for --term-timeout (which wins when both are given); without either, "
-               "TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 10 s")
+  add("shutdown-timeout", texts.shutdown_timeout,
+      "torchrun 2.x's name for --term-timeout (which wins when both are given); without either, "
+      "TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 10 s")
       ->check(CLI::NonNegativeNumber);
-  flags.option("signals-to-handle", texts.signals,
-               "Signals mcprun handles, comma-separated: SIGTERM, SIGINT, SIGHUP, SIGQUIT (and SIGALRM, "
-               "SIGXCPU, SIGXFSZ, SIGPWR, SIGVTALRM, SIGPROF) are forwarded to every worker and stop the "
-               "group. SIGUSR1 and SIGUSR2, listed or not, are forwarded only: the workers keep running "
-               "(Slurm's preemption warning). Other unlisted signals keep their default action");
+  add("signals-to-handle", texts.signals,
+      "Signals mcprun handles, comma-separated: SIGTERM, SIGINT, SIGHUP, SIGQUIT (and SIGALRM, "
+      "SIGXCPU, SIGXFSZ, SIGPWR, SIGVTALRM, SIGPROF) are forwarded to every worker and stop the "
+      "group. SIGUSR1 and SIGUSR2, listed or not, are forwarded only: the workers keep running "
+      "(Slurm's preemption warning). Other unlisted signals keep their default action");
 }
 
 /// torch 2.x's CPU and GPU placement modes.
-void add_binding_flags(TorchrunFlags& flags, LaunchConfig& config, FlagTexts& texts) {
-  flags.option("numa-binding", texts.numa,
-               "Bind each worker to CPUs near its GPU: node, socket, exclusive or core-complex (torch 2.x's "
-               "modes)");
-  flags.flag("virtual-local-rank", config.virtual_local_rank,
-             "Every worker sees LOCAL_RANK=0 and its one GPU as device 0, so all ranks compile the same "
-             "code");
+void add_binding_flags(CLI::App& app, LaunchConfig& config, FlagTexts& texts) {
+  const TorchrunOption add(app);
+  const TorchrunFlag flag(app);
+  add("numa-binding", texts.numa,
+      "Bind each worker to CPUs near its GPU: node, socket, exclusive or core-complex (torch 2.x's "
+      "modes)");
+  flag("virtual-local-rank", config.virtual_local_rank,
+       "Every worker sees LOCAL_RANK=0 and its one GPU as device 0, so all ranks compile the same "
+       "code");
 }
 
 /// torchrun's flags that mcprun accepts with their default value only.
-void add_accepted_torchrun_flags(TorchrunFlags& flags, FlagTexts& texts) {
-  flags.option("event-log-handler", texts.event_log_handler,
-               "Accepted for torchrun: mcprun has no event log handlers (anything but null is ignored "
-               "with a warning)");
-  flags.app().add_option(names_for("logs-specs"), texts.logs_specs,
-                         "Accepted for torchrun: only its default LogsSpecs (default); mcprun's logs are "
-                         "laid out by --log-dir");
-  flags.option("duplicate-stdout-filters", texts.stdout_filters,
-               "Accepted for torchrun when empty: mcprun does not copy matching lines to a second file "
-               "(grep --log-dir's stdout.log)");
-  flags.option("duplicate-stderr-filters", texts.stderr_filters,
-               "Accepted for torchrun when empty: mcprun does not copy matching lines to a second file "
-               "(grep --log-dir's stderr.log)");
+void add_accepted_torchrun_flags(CLI::App& app, FlagTexts& texts) {
+  const TorchrunOption add(app);
+  add("event-log-handler", texts.event_log_handler,
+      "Accepted for torchrun: mcprun has no event log handlers (anything but null is ignored "
+      "with a warning)");
+  app.add_option(names_for("logs-specs"), texts.logs_specs,
+                 "Accepted for torchrun: only its default LogsSpecs (default); mcprun's logs are "
+                 "laid out by --log-dir");
+  add("duplicate-stdout-filters", texts.stdout_filters,
+      "Accepted for torchrun when empty: mcprun does not copy matching lines to a second file "
+      "(grep --log-dir's stdout.log)");
+  add("duplicate-stderr-filters", texts.stderr_filters,
+      "Accepted for torchrun when empty: mcprun does not copy matching lines to a second file "
+      "(grep --log-dir's stderr.log)");
 }
 
 /// What CI asks of a run: a time limit, a job file, reports, a GPU lease's patience.
-void add_ci_flags(TorchrunFlags& flags, LaunchConfig& config, FlagTexts& texts) {
-  CLI::App& app = flags.app();
+void add_ci_flags(CLI::App& app, LaunchConfig& config, FlagTexts& texts) {
+  const TorchrunOption add(app);
   app.add_option("--timeout", config.job_timeout,
                  "Wall-clock limit in seconds for the whole job, restarts included (0: none); "
                  "on expiry the group is stopped and mcprun exits 124")
@@ -460,51 +477,54 @@ void add_ci_flags(TorchrunFlags& flags, LaunchConfig& config, FlagTexts& texts) 
                  "When mcprun ends, write a JUnit XML report to this file: one test case per local "
                  "rank; a failed or stalled rank carries the root cause and its last output lines")
       ->type_name("FILE");
-  flags.option("gpu-wait", config.gpu_wait,
-               "On a box whose rendezvousd leases GPUs (MCPRUN_DAEMON, default its unix socket under "
-               "/run/mcprun): seconds to wait for enough free GPUs; 0 fails at once naming who holds them")
+  add("gpu-wait", config.gpu_wait,
+      "On a box whose rendezvousd leases GPUs (MCPRUN_DAEMON, default its unix socket under "
+      "/run/mcprun): seconds to wait for enough free GPUs; 0 fails at once naming who holds them")
       ->check(CLI::NonNegativeNumber);
 }
 
-/// The stall watchdogs and what a stall or a hang leaves to diagnose it.
-void add_diagnosis_flags(TorchrunFlags& flags, LaunchConfig& config, FlagTexts& texts) {
-  flags.option("init-timeout", config.stall.init_timeout,
+/// The stall watchdogs, and what a stall leaves behind to diagnose it.
+void add_diagnosis_flags(CLI::App& app, LaunchConfig& config, FlagTexts& texts) {
+  const TorchrunOption add(app);
+  const TorchrunFlag flag(app);
+  add("init-timeout", config.stall.init_timeout,
                  "Seconds for every rank to pass init_process_group's barrier, from the start of "
                  "each attempt (or from the first rank's arrival at the store, if none came by "
                  "then); a rank missing then is a stall (exit 3). 0: off")
       ->check(CLI::NonNegativeNumber);
-  flags.option("heartbeat-timeout", config.stall.heartbeat_timeout,
+  add("heartbeat-timeout", config.stall.heartbeat_timeout,
                  "Seconds without mcprun.heartbeat() from a rank that has called it before; "
                  "longer is a stall. Ranks that never call it are not watched. 0: off")
       ->check(CLI::NonNegativeNumber);
-  flags.option("silence-timeout", config.stall.silence_timeout,
+  add("silence-timeout", config.stall.silence_timeout,
                  "Seconds without a line of output from a rank that count as a stall, for "
                  "scripts with no hooks. 0: off")
       ->check(CLI::NonNegativeNumber);
-  flags.flag("no-stack-dumps", texts.no_stack_dumps,
-             "On a stall, stop at once: no native stack dumps (py-spy, else gdb) and no Python "
-             "tracebacks (SIGABRT to faulthandler) first");
-  flags.app().add_flag("--nccl-debug", config.nccl_debug,
-                       "Set NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=INIT,NET and TORCH_DISTRIBUTED_DEBUG=DETAIL "
-                       "for every worker");
+  flag("no-stack-dumps", texts.no_stack_dumps,
+       "On a stall, stop at once: no native stack dumps (py-spy, else gdb) and no Python "
+       "tracebacks (SIGABRT to faulthandler) first");
+  app.add_flag("--nccl-debug", config.nccl_debug,
+               "Set NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=INIT,NET and TORCH_DISTRIBUTED_DEBUG=DETAIL "
+               "for every worker");
 }
 
 /// Which GPUs and CPUs, and mcprun's own switches.
-void add_launcher_flags(TorchrunFlags& flags, LaunchConfig& config, FlagTexts& texts) {
-  flags.flag("dry-run", config.dry_run, "Print each rank's GPU, CPUs, environment and argv; start nothing");
-  flags.flag("no-pin", config.no_pin, "Leave CUDA_VISIBLE_DEVICES alone (allows more ranks than GPUs)");
-  flags.option("gpus", texts.gpus, "Use only these GPUs (CUDA_VISIBLE_DEVICES syntax: indices or UUIDs)");
-  flags.option("bind", texts.bind,
-               "CPU affinity per worker: none (default: the OS and torch's own thread pools place "
-               "threads) or numa (the CPUs local to the worker's GPU)")
+void add_launcher_flags(CLI::App& app, LaunchConfig& config, FlagTexts& texts) {
+  const TorchrunOption add(app);
+  const TorchrunFlag flag(app);
+  flag("dry-run", config.dry_run, "Print each rank's GPU, CPUs, environment and argv; start nothing");
+  flag("no-pin", config.no_pin, "Leave CUDA_VISIBLE_DEVICES alone (allows more ranks than GPUs)");
+  add("gpus", texts.gpus, "Use only these GPUs (CUDA_VISIBLE_DEVICES syntax: indices or UUIDs)");
+  add("bind", texts.bind,
+      "CPU affinity per worker: none (default: the OS and torch's own thread pools place "
+      "threads) or numa (the CPUs local to the worker's GPU)")
       ->check(CLI::IsMember({"none", "numa"}));
-  flags.flag("verbose", config.verbose, "Log each step of the launch", "-v");
-  flags.app().add_flag("--no-slurm", config.no_slurm,
-                       "Ignore SLURM_* variables (also MCPRUN_SLURM=0). Under srun, mcprun otherwise takes "
-                       "nnodes, node rank, master (first node of the step), port 20000 + job id % 10000, "
-                       "run id and GPUs from Slurm wherever no flag or PET_* variable sets them");
+  flag("verbose", config.verbose, "Log each step of the launch", "-v");
+  app.add_flag("--no-slurm", config.no_slurm,
+               "Ignore SLURM_* variables (also MCPRUN_SLURM=0). Under srun, mcprun otherwise takes "
+               "nnodes, node rank, master (first node of the step), port 20000 + job id % 10000, "
+               "run id and GPUs from Slurm wherever no flag or PET_* variable sets them");
 }
-
 /// The command line, then a --config job file under it (the command line beats the file). An
 /// InfoRequest or UsageError ends the parse; nullopt goes on.
 std::optional<ParseResult> parse_command_line(CLI::App& app, const std::vector<std::string>& args,
@@ -534,7 +554,8 @@ std::optional<ParseResult> parse_command_line(CLI::App& app, const std::vector<s
 }
 
 /// The script and its arguments: the command line's, else the job file's.
-std::optional<std::string> take_script(const CLI::App& app, const JobFile& job, LaunchConfig& config) {
+std::optional<std::string> take_script(const CLI::App& app, const JobFile& job,
+                                       LaunchConfig& config) {
   std::vector<std::string> rest = app.remaining();
   if (!rest.empty() && rest.front() == "--") rest.erase(rest.begin());
   if (rest.empty() && job.script) {  // The command line names no script: the file's, with its args.
@@ -555,7 +576,8 @@ std::optional<std::string> apply_worker_texts(const FlagTexts& texts, LaunchConf
   auto nproc = parse_nproc(texts.nproc);
   if (texts.nproc == "xpu")
     return "--nproc-per-node xpu: mcprun pins NVIDIA GPUs only; expected a count, cpu, gpu or auto";
-  if (!nproc) return "--nproc-per-node " + texts.nproc + ": expected a count >= 1, cpu, gpu or auto";
+  if (!nproc)
+    return "--nproc-per-node " + texts.nproc + ": expected a count >= 1, cpu, gpu or auto";
   config.nproc = *nproc;
 
   auto redirects = parse_stream_spec(texts.redirects);
@@ -666,7 +688,8 @@ std::optional<std::string> apply_signals_and_binding(const FlagTexts& texts, Lau
 }
 
 /// torchrun's flags that mcprun accepts only at their defaults: a warning or a usage error.
-std::optional<std::string> check_accepted_torchrun_flags(const FlagTexts& texts, LaunchConfig& config) {
+std::optional<std::string> check_accepted_torchrun_flags(const FlagTexts& texts,
+                                                        LaunchConfig& config) {
   if (texts.event_log_handler != "null")
     config.warnings.push_back("--event-log-handler " + texts.event_log_handler +
                               " is ignored: mcprun has no event log handlers");
@@ -694,7 +717,8 @@ std::optional<std::string> resolve_term_timeout(const CLI::App& app, const JobFi
     char* end = nullptr;
     const double seconds = std::strtod(torch_timeout, &end);
     if (!*torch_timeout || *end != '\0' || !(seconds >= 0))
-      return std::string("TORCH_ELASTIC_SHUTDOWN_TIMEOUT=") + torch_timeout + ": expected seconds >= 0";
+      return std::string("TORCH_ELASTIC_SHUTDOWN_TIMEOUT=") + torch_timeout +
+             ": expected seconds >= 0";
     config.term_timeout = seconds;
   }
   return std::nullopt;
@@ -727,16 +751,15 @@ ParseResult parse_arguments(const std::vector<std::string>& args, JobFile& job) 
   app.footer(kExitCodesAndExamples);
 
   FlagTexts texts;
-  TorchrunFlags flags(app);
-  add_job_shape_flags(flags, config, texts);
-  add_worker_flags(flags, config);
-  add_output_flags(flags, config, texts);
-  add_shutdown_flags(flags, config, texts);
-  add_binding_flags(flags, config, texts);
-  add_accepted_torchrun_flags(flags, texts);
-  add_ci_flags(flags, config, texts);
-  add_diagnosis_flags(flags, config, texts);
-  add_launcher_flags(flags, config, texts);
+  add_job_shape_flags(app, config, texts);
+  add_worker_flags(app, config);
+  add_output_flags(app, config, texts);
+  add_shutdown_flags(app, config, texts);
+  add_binding_flags(app, config, texts);
+  add_accepted_torchrun_flags(app, texts);
+  add_ci_flags(app, config, texts);
+  add_diagnosis_flags(app, config, texts);
+  add_launcher_flags(app, config, texts);
 
   if (auto ended = parse_command_line(app, args, texts.job_file_path, job)) return *ended;
   if (auto error = take_script(app, job, config)) return UsageError{*error};

@@ -133,7 +133,7 @@ std::optional<UsageError> bind_numa(const LaunchConfig& config, const TopologyOr
   return std::nullopt;
 }
 
-/// Flags that do nothing in this plan, --nccl-debug's variables, and inherited variables to warn of.
+/// Warnings for flags without effect here and for inherited variables; --nccl-debug's variables.
 void finish_plan(const LaunchConfig& config, const Environment& inherited, RankPlan& plan) {
   if (config.virtual_local_rank && !plan.pinned)
     plan.warnings.push_back("--virtual-local-rank sets LOCAL_RANK=0 for every worker of an "

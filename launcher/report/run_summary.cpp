@@ -402,7 +402,8 @@ std::string RunSummary::format_junit(int exit_code) const {
     cases.failed(
         "mcprun",
         std::chrono::duration<double>(std::chrono::steady_clock::now() - started_steady_).count(),
-        ending.root_cause, {"mcprun exited " + std::to_string(exit_code) + ": " + ending.root_cause});
+        ending.root_cause,
+        {"mcprun exited " + std::to_string(exit_code) + ": " + ending.root_cause});
 
   const double total =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started_steady_).count();
