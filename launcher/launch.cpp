@@ -129,6 +129,10 @@ nlohmann::json gpu_topology(const RankPlan& plan) {
 /// How long a stalled node waits for the other nodes' views of their ranks.
 constexpr std::chrono::seconds kStallReportTimeout{5};
 
+/// How long the host of an embedded rendezvous keeps serving after a last failure or stall, so
+/// that the other nodes hear of it before the server goes away.
+constexpr std::chrono::seconds kFailurePassOnTimeout{2};
+
 /// The python helper (import mcprun) next to the binary: <prefix>/share/mcprun/python, which
 /// the build tree mirrors.
 std::optional<std::filesystem::path> python_helper_dir() {
@@ -213,8 +217,12 @@ int gpus_wanted(const LaunchConfig& config, const std::vector<GpuDevice>& gpus) 
 
 }  // namespace
 
-Launch::Launch(const LaunchConfig& config, RunSummary& summary)
-    : config_(config), summary_(summary), host_(host_name()), inherited_(current_environment()) {
+Launch::Launch(const LaunchConfig& config, RunSummary& summary, ProcessControl& control)
+    : config_(config),
+      summary_(summary),
+      host_(host_name()),
+      inherited_(current_environment()),
+      control_(control) {
   // A job file's env: acts as if exported before mcprun: OMP_NUM_THREADS is honoured, RANK warned.
   for (const auto& [name, value] : config.env) inherited_[name] = value;
   // mcprun's own input (config.log_line_prefix_template), not a stale launcher variable to warn of.
@@ -419,13 +427,20 @@ bool Launch::join_round() {
 
 bool Launch::serve_store_if_master() {
   if (plan_->job.group_rank != 0) {
-    watch_->stop_hosting_store();
+    watch_->observe_store(nullptr);
+    store_.reset();
     return true;
   }
-  if (watch_->hosts_store()) {
-    watch_->renew_store();  // Nothing of the last attempt's (gloo addresses, counters) may leak.
+  if (store_) {
+    // Each attempt gets a store of its own, as torch 2.x expects (its env:// keys carry no
+    // attempt number): nothing of the last one's (gloo addresses, counters) may leak.
+    store_->reset();
     return true;
   }
+  return open_store();
+}
+
+bool Launch::open_store() {
   std::string error;
   auto acceptor = store_acceptor(io_, plan_->job.master_addr, plan_->job.master_port, reservation_, &error);
   if (!acceptor) {
@@ -433,7 +448,8 @@ bool Launch::serve_store_if_master() {
     return false;
   }
   raise_descriptor_limit();  // A connection or two per rank of the job.
-  watch_->host_store(std::move(*acceptor));
+  store_ = std::make_unique<TcpStoreServer>(io_, std::move(*acceptor), watch_->store_observer());
+  watch_->observe_store(store_.get());
   return true;
 }
 
@@ -500,7 +516,7 @@ std::optional<int> Launch::conclude(const AttemptResult& result, int attempt, in
              stderr);
   name_nccl_logs(config_, result, run_dir_->attempt(attempt));
   if (restart_count >= config_.max_restarts) {
-    serve_remaining_nodes(std::chrono::seconds(2));  // Long enough to pass the failure on.
+    serve_remaining_nodes(kFailurePassOnTimeout);
     return exit_code_for(result.workers[result.first_failure]);
   }
   spdlog::warn("restarting the worker group ({} of {} restarts)", restart_count + 1,
@@ -520,7 +536,7 @@ std::optional<int> Launch::conclude_stall(const AttemptResult& result, int attem
   spdlog::info("stall report saved to {}", report_file.string());
   name_nccl_logs(config_, result, run_dir_->attempt(attempt));
   if (restart_count >= config_.max_restarts) {
-    serve_remaining_nodes(std::chrono::seconds(2));
+    serve_remaining_nodes(kFailurePassOnTimeout);
     return kExitStalled;
   }
   spdlog::warn("restarting the worker group after the stall ({} of {} restarts)", restart_count + 1,

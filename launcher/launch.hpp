@@ -27,7 +27,9 @@ class RunDirectory;
 
 class Launch {
  public:
-  Launch(const LaunchConfig& config, RunSummary& summary);
+  /// Starts, signals and reaps every process through `control`: main's PosixProcessControl, or a
+  /// test's fake.
+  Launch(const LaunchConfig& config, RunSummary& summary, ProcessControl& control);
   ~Launch();
   Launch(const Launch&) = delete;
   Launch& operator=(const Launch&) = delete;
@@ -48,6 +50,8 @@ class Launch {
   bool join_round();
   /// The master node serves the job store; every rank's env:// init is its client.
   bool serve_store_if_master();
+  /// The job store on MASTER_PORT, observed by the watchdogs; false when the port cannot be had.
+  bool open_store();
   StallHooks stall_hooks();
   /// What an attempt's end means: the exit code, or nullopt to run the next attempt.
   std::optional<int> conclude(const AttemptResult& result, int attempt, int& restart_count);
@@ -70,7 +74,10 @@ class Launch {
   nlohmann::json join_;
   std::unique_ptr<RunDirectory> run_dir_;
   std::unique_ptr<StallWatch> watch_;
-  PosixProcessControl control_;
+  /// The job's c10d store, served by the master node: every env:// init depends on it, and the
+  /// watchdogs only observe it. Declared after watch_, so it is gone before its observer.
+  std::unique_ptr<TcpStoreServer> store_;
+  ProcessControl& control_;
   std::unique_ptr<WorkerGroup> group_;
   std::unique_ptr<boost::asio::steady_timer> job_deadline_;
   bool timed_out_ = false;

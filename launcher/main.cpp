@@ -17,6 +17,7 @@
 #include "launcher/report/run_summary.hpp"
 #include "launcher/config/slurm.hpp"
 #include "launcher/commands/store_command.hpp"
+#include "launcher/process/process_control.hpp"
 
 namespace mcprun {
 namespace {
@@ -68,7 +69,12 @@ int main(int argc, char** argv) {
     init_logging("mcprun", config.verbose);
     for (const auto& note : config.notes) spdlog::info("{}", note);
     RunSummary summary(config, host_name());
-    const int code = Launch(config, summary).run();
+    int code;
+    {
+      // Scoped to the launch: its end tells the group guardian that the launcher ended cleanly.
+      PosixProcessControl control;
+      code = Launch(config, summary, control).run();
+    }
     summary.write(code);  // Every ending of launch(), for CI.
     return code;
   } catch (const std::exception& error) {

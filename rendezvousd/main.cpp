@@ -111,12 +111,12 @@ DaemonConfig apply_reload(const DaemonConfig& running, DaemonConfig next, Rendez
   return next;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{"rendezvousd: the rendezvous service for mcprun agents", "rendezvousd"};
-  app.option_defaults()->always_capture_default();
-  DaemonFlags flags;
+/// The flags, each over the file's value; defaults as --help shows them.
+void add_flags(CLI::App& app, DaemonFlags& flags) {
+  const DaemonConfig defaults;
+  const auto seconds_of = [](std::chrono::milliseconds ms) {
+    return fmt::format("{:g}", std::chrono::duration<double>(ms).count());
+  };
   app.add_option("--config", flags.config_file,
                  "YAML configuration (see configs/rendezvousd.yaml); SIGHUP re-reads it");
   app.add_option("--listen", flags.listen, "IP:PORT to listen on (default 0.0.0.0:29400; port 0: any, logged)");
@@ -125,10 +125,13 @@ int main(int argc, char** argv) {
   app.add_option("--metrics-listen", flags.metrics_listen,
                  "IP:PORT serving Prometheus metrics at /metrics (default: none; port 0: any, logged)");
   app.add_option("--token-file", flags.token_file, "File holding the shared token agents must present");
-  app.add_option("--lease", flags.lease_s, "Seconds of agent silence before it is lost (default 15)")
+  app.add_option("--lease", flags.lease_s,
+                 fmt::format("Seconds of agent silence before it is lost (default {})",
+                             seconds_of(defaults.server.lease)))
       ->check(CLI::PositiveNumber);
   app.add_option("--first-message-timeout", flags.first_message_s,
-                 "Seconds a new connection may take to send its join (default 10)")
+                 fmt::format("Seconds a new connection may take to send its join (default {})",
+                             seconds_of(defaults.server.first_message_timeout)))
       ->check(CLI::PositiveNumber);
   app.add_option("--stop-timeout", flags.stop_timeout_s,
                  fmt::format("Seconds SIGTERM may take before the exit is forced (default {})",
@@ -136,6 +139,87 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_flag("-v,--verbose", flags.verbose, "Debug logging");
   app.set_version_flag("--version", "rendezvousd " + mcprun_version());
+}
+
+/// Opens the rendezvous server and the metrics endpoint; false, with the error logged, when an
+/// address cannot be had.
+bool open_listeners(boost::asio::io_context& io, const StartupConfig& startup,
+                    std::optional<RendezvousServer>& server,
+                    std::optional<MetricsServer>& metrics) {
+  const DaemonConfig& config = startup.config;
+  std::string listening = config.listen;  // What was being opened, for the error line.
+  if (!config.server.unix_socket.empty()) listening += " and unix:" + config.server.unix_socket;
+  try {
+    server.emplace(io, startup.listen, config.server);
+    spdlog::info("listening on {}:{}", server->local_endpoint().address().to_string(),
+                 server->local_endpoint().port());
+    if (!config.server.unix_socket.empty()) spdlog::info("listening on unix:{}", config.server.unix_socket);
+    if (startup.metrics) {
+      listening = config.metrics_listen;
+      metrics.emplace(io, *startup.metrics, [&server] {
+        return render_metrics(server->stats(), server->load(), resident_memory_bytes());
+      });
+      spdlog::info("serving metrics on http://{}:{}/metrics", metrics->local_endpoint().address().to_string(),
+                   metrics->local_endpoint().port());
+    }
+  } catch (const boost::system::system_error& error) {
+    spdlog::error("cannot listen on {}: {}", listening, error.what());
+    return false;
+  }
+  return true;
+}
+
+/// What a SIGHUP touches: the flags to lay over the re-read file, and the running configuration.
+struct Reloadable {
+  boost::asio::signal_set& signal;
+  ServiceNotifier& notifier;
+  const DaemonFlags& flags;
+  DaemonConfig& config;
+  RendezvousServer& server;
+};
+
+/// On each SIGHUP: rebuild the configuration as the start did and apply what may change.
+void reload_on_sighup(Reloadable& reload) {
+  reload.signal.async_wait([&reload](boost::system::error_code ec, int) {
+    if (ec) return;
+    reload.notifier.reloading();
+    auto reloaded = build_config(reload.flags);
+    if (auto* next = std::get_if<StartupConfig>(&reloaded)) {
+      reload.config = apply_reload(reload.config, std::move(next->config), reload.server);
+      spdlog::info("reloaded the configuration{}",
+                   reload.flags.config_file.empty() ? "" : " from " + reload.flags.config_file);
+    } else {
+      spdlog::error("reload refused, keeping the running configuration: {}",
+                    std::get<std::string>(reloaded));
+    }
+    reload.notifier.ready();
+    reload_on_sighup(reload);
+  });
+}
+
+/// After a stop: what is left (answers being written) drains, bounded by the stop timeout.
+int drain_after_stop(boost::asio::io_context& io, std::chrono::milliseconds stop_timeout) {
+  io.restart();
+  try {
+    io.run_for(stop_timeout);
+  } catch (const std::exception& error) {
+    spdlog::error("a handler failed while stopping: {}", error.what());
+  }
+  if (!io.stopped()) {
+    spdlog::error("still closing connections after {} s; forcing the exit",
+                  std::chrono::duration<double>(stop_timeout).count());
+    return kExitFailure;
+  }
+  return kExitSuccess;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"rendezvousd: the rendezvous service for mcprun agents", "rendezvousd"};
+  app.option_defaults()->always_capture_default();
+  DaemonFlags flags;
+  add_flags(app, flags);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
@@ -159,46 +243,13 @@ int main(int argc, char** argv) {
   boost::asio::signal_set stop_signals(io, SIGINT, SIGTERM), reload_signal(io, SIGHUP);
   std::optional<RendezvousServer> server;
   std::optional<MetricsServer> metrics;
-  std::string listening = config.listen;  // What was being opened, for the error line.
-  if (!config.server.unix_socket.empty()) listening += " and unix:" + config.server.unix_socket;
-  try {
-    server.emplace(io, startup.listen, config.server);
-    spdlog::info("listening on {}:{}", server->local_endpoint().address().to_string(),
-                 server->local_endpoint().port());
-    if (!config.server.unix_socket.empty()) spdlog::info("listening on unix:{}", config.server.unix_socket);
-    if (startup.metrics) {
-      listening = config.metrics_listen;
-      metrics.emplace(io, *startup.metrics, [&] {
-        return render_metrics(server->stats(), server->load(), resident_memory_bytes());
-      });
-      spdlog::info("serving metrics on http://{}:{}/metrics", metrics->local_endpoint().address().to_string(),
-                   metrics->local_endpoint().port());
-    }
-  } catch (const boost::system::system_error& error) {
-    spdlog::error("cannot listen on {}: {}", listening, error.what());
-    return kExitFailure;
-  }
+  if (!open_listeners(io, startup, server, metrics)) return kExitFailure;
 
   ServiceNotifier notifier(io, NotifySocket::from_environment(),
                            watchdog_interval(std::getenv("WATCHDOG_USEC"), std::getenv("WATCHDOG_PID"), ::getpid()),
                            [&] { return status_line(server->load()); });
-
-  std::function<void()> await_reload = [&] {
-    reload_signal.async_wait([&](boost::system::error_code ec, int) {
-      if (ec) return;
-      notifier.reloading();
-      auto reloaded = build_config(flags);
-      if (auto* next = std::get_if<StartupConfig>(&reloaded)) {
-        config = apply_reload(config, std::move(next->config), *server);
-        spdlog::info("reloaded the configuration{}", flags.config_file.empty() ? "" : " from " + flags.config_file);
-      } else {
-        spdlog::error("reload refused, keeping the running configuration: {}", std::get<std::string>(reloaded));
-      }
-      notifier.ready();
-      await_reload();
-    });
-  };
-  await_reload();
+  Reloadable reload{reload_signal, notifier, flags, config, *server};
+  reload_on_sighup(reload);
   bool stopping = false;
   stop_signals.async_wait([&](boost::system::error_code ec, int signal) {
     if (ec) return;
@@ -213,16 +264,5 @@ int main(int argc, char** argv) {
   notifier.ready();
   run_contained(io);
   if (!stopping) return kExitSuccess;
-  io.restart();
-  try {
-    io.run_for(config.stop_timeout);
-  } catch (const std::exception& error) {
-    spdlog::error("a handler failed while stopping: {}", error.what());
-  }
-  if (!io.stopped()) {
-    spdlog::error("still closing connections after {} s; forcing the exit",
-                  std::chrono::duration<double>(config.stop_timeout).count());
-    return kExitFailure;
-  }
-  return kExitSuccess;
+  return drain_after_stop(io, config.stop_timeout);
 }

@@ -39,7 +39,8 @@ RendezvousServer::RendezvousServer(asio::io_context& io, const tcp::endpoint& li
     : io_(io),
       acceptor_(io, listen, /*reuse_address=*/true),
       settings_(std::move(settings)),
-      leases_(box_gpus(), settings_.lease_port_first, settings_.lease_port_last) {
+      leases_(LeaseBook(box_gpus(), settings_.lease_port_first, settings_.lease_port_last),
+              port_is_free) {
   accept();
   if (!settings_.unix_socket.empty()) {
     ::unlink(settings_.unix_socket.c_str());  // A stale socket from a previous run.
@@ -60,7 +61,7 @@ void RendezvousServer::stop() {
   // Forgotten before their sessions close, so that no agent hears of a lost node: the agents of
   // running jobs keep their workers and re-register with the next daemon.
   jobs_.clear();
-  waiting_leases_.clear();
+  leases_.clear_waiting();
   auto sessions = sessions_;
   for (const auto& session : sessions) session->close();
 }
@@ -376,19 +377,18 @@ void RendezvousServer::handle_lease(const std::shared_ptr<AgentSession>& session
   if (request.held) {
     // A running job re-registers what it held before this daemon restarted.
     Lease held{request.held->gpus, request.held->port, holder};
-    const uint64_t id = next_lease_id_++;
-    if (!leases_.restore(id, held))
-      return session->refuse("the GPUs or port this job held are leased to another job now");
-    session->lease_id = id;
+    const auto id = leases_.restore(held);
+    if (!id) return session->refuse("the GPUs or port this job held are leased to another job now");
+    session->lease_id = *id;
     spdlog::info("restored the lease of {} GPU(s) and port {} to {}", held.gpus.size(), held.port, holder);
     return session->send({{"type", "lease"}, {"gpus", held.gpus}, {"port", held.port},
                           {"heartbeat_interval_ms", std::max<long>(50, settings_.lease.count() / 3)}});
   }
-  WaitingLease waiting{session, gpu_count, holder, nullptr};
+  std::unique_ptr<asio::steady_timer> deadline;
   if (wait_s > 0) {
-    waiting.deadline = std::make_unique<asio::steady_timer>(
+    deadline = std::make_unique<asio::steady_timer>(
         io_, std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::duration<double>(wait_s)));
-    waiting.deadline->async_wait([this, weak = std::weak_ptr(session), gpu_count](boost::system::error_code ec) {
+    deadline->async_wait([this, weak = std::weak_ptr(session), gpu_count](boost::system::error_code ec) {
       if (ec) return;
       auto waiting = weak.lock();
       if (!waiting || waiting->lease_id != 0) return;
@@ -396,57 +396,30 @@ void RendezvousServer::handle_lease(const std::shared_ptr<AgentSession>& session
       grant_waiting_leases();  // The ones it held back may fit now.
     });
   }
-  waiting_leases_.push_back(std::move(waiting));
+  leases_.enqueue(session, gpu_count, holder, std::move(deadline));
   grant_waiting_leases();
   if (session->lease_id != 0) return;
   // Not allowed to wait: refuse at once, naming who holds what.
   if (wait_s <= 0) return refuse_waiting_lease(session, gpu_count);
-  const std::string queued = lease_queue_position(*session, gpu_count);
+  const std::string queued = leases_.position(session.get(), gpu_count);
   spdlog::info("{} waits up to {:g} s: {}", holder, wait_s, queued);
   session->send({{"type", "queued"}, {"message", queued}});
 }
 
-std::string RendezvousServer::lease_queue_position(const AgentSession& session, int gpu_count) const {
-  std::string text = leases_.shortage(gpu_count), ahead;
-  for (const WaitingLease& waiting : waiting_leases_) {
-    if (waiting.session.lock().get() == &session) break;
-    if (waiting.gpu_count > 0) ahead += " " + waiting.holder + " (" + std::to_string(waiting.gpu_count) + " GPU(s));";
-  }
-  if (!ahead.empty()) text += "; waiting first:" + ahead.substr(0, ahead.size() - 1);
-  return text;
-}
-
 void RendezvousServer::refuse_waiting_lease(const std::shared_ptr<AgentSession>& session, int gpu_count) {
-  const std::string reason = lease_queue_position(*session, gpu_count);
-  std::erase_if(waiting_leases_, [&](const WaitingLease& w) { return w.session.lock() == session; });
+  const std::string reason = leases_.position(session.get(), gpu_count);
+  leases_.withdraw(session.get());
   session->refuse(reason);
 }
 
 void RendezvousServer::grant_waiting_leases() {
-  // First come, first served: while an older request waits for GPUs, no younger one takes any,
-  // so a job wanting many GPUs is not starved by a stream of small ones. Port-only leases pass.
-  bool gpus_spoken_for = false;
-  for (auto it = waiting_leases_.begin(); it != waiting_leases_.end();) {
-    auto session = it->session.lock();
-    if (!session) {
-      it = waiting_leases_.erase(it);
-      continue;
-    }
-    const uint64_t id = next_lease_id_;
-    std::optional<Lease> lease;
-    if (!gpus_spoken_for || it->gpu_count == 0)
-      lease = leases_.grant(id, it->gpu_count, it->holder, port_is_free);
-    if (!lease) {
-      gpus_spoken_for = gpus_spoken_for || it->gpu_count > 0;
-      ++it;
-      continue;
-    }
-    ++next_lease_id_;
-    session->lease_id = id;
-    spdlog::info("leased {} GPU(s) and port {} to {}", lease->gpus.size(), lease->port, lease->holder);
-    session->send({{"type", "lease"}, {"gpus", lease->gpus}, {"port", lease->port},
+  for (LeaseQueue::Grant& grant : leases_.grant_waiting()) {
+    auto session = std::static_pointer_cast<AgentSession>(grant.waiter);
+    const Lease& lease = grant.lease;
+    session->lease_id = grant.id;
+    spdlog::info("leased {} GPU(s) and port {} to {}", lease.gpus.size(), lease.port, lease.holder);
+    session->send({{"type", "lease"}, {"gpus", lease.gpus}, {"port", lease.port},
                    {"heartbeat_interval_ms", std::max<long>(50, settings_.lease.count() / 3)}});
-    it = waiting_leases_.erase(it);
   }
 }
 
@@ -553,9 +526,8 @@ void RendezvousServer::on_closed(const std::shared_ptr<AgentSession>& session) {
     session->lease_id = 0;
   }
   // A waiting request leaves the queue with its connection: the ones behind it may fit now.
-  const size_t waiting = std::erase_if(
-      waiting_leases_, [&](const WaitingLease& w) { return w.session.lock() == session; });
-  if (held_lease || waiting > 0) grant_waiting_leases();
+  const bool was_waiting = leases_.withdraw(session.get());
+  if (held_lease || was_waiting) grant_waiting_leases();
   if (session->job_id.empty()) return;
   Job* current = job_of(*session);
   if (!current) return;

@@ -22,7 +22,7 @@
 
 #include "common/framed_session.hpp"
 #include "common/messages.hpp"
-#include "rendezvousd/lease_book.hpp"
+#include "rendezvousd/lease_queue.hpp"
 #include "rendezvousd/rendezvous_round.hpp"
 
 namespace mcprun {
@@ -126,10 +126,8 @@ class RendezvousServer {
   void handle_join(const std::shared_ptr<AgentSession>& session, const JoinMessage& message);
   /// A local job asks for GPUs and a master port; answered now, after a release, or refused.
   void handle_lease(const std::shared_ptr<AgentSession>& session, const LeaseRequest& request);
-  /// Grants what waiting lease requests can now have, strictly oldest first for GPUs.
+  /// Grants what waiting lease requests can now have (LeaseQueue's order) and tells each agent.
   void grant_waiting_leases();
-  /// "4 GPU(s) wanted, 2 of 8 free; held by ...; waiting first: bob (uid 1001), job y (8 GPU(s))".
-  std::string lease_queue_position(const AgentSession& session, int gpu_count) const;
   /// Drops a waiting request and refuses it, naming who holds the GPUs and who waits first.
   void refuse_waiting_lease(const std::shared_ptr<AgentSession>& session, int gpu_count);
   /// `mcprun jobs|status|stop` (rendezvousd/operator_requests.cpp).
@@ -159,15 +157,7 @@ class RendezvousServer {
   std::map<std::string, Job> jobs_;
   std::set<std::shared_ptr<AgentSession>> sessions_;
   uint64_t next_generation_ = 1;
-  LeaseBook leases_;
-  struct WaitingLease {
-    std::weak_ptr<AgentSession> session;
-    int gpu_count = 0;
-    std::string holder;
-    std::unique_ptr<boost::asio::steady_timer> deadline;
-  };
-  std::deque<WaitingLease> waiting_leases_;
-  uint64_t next_lease_id_ = 1;
+  LeaseQueue leases_;
   ServerStats stats_;
 };
 

@@ -24,6 +24,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -526,6 +527,90 @@ std::vector<CheckResult> check_rdzv_endpoint(const DoctorInputs& inputs, DoctorP
                "check the address and the routing table (ip route get " + endpoint.host + ")")};
 }
 
+namespace {
+
+/// A variable mcprun sets for its workers, inherited from outside: the worker gets mcprun's.
+CheckResult check_launcher_variable(const std::string& name, const std::string& variable,
+                                    const std::string& shown) {
+  std::string remedy =
+      "unset it where it comes from (an outer torchrun, a wrapper framework, a job script): "
+      "two parties setting up one process group hang it";
+  if (variable == "MASTER_ADDR" || variable == "MASTER_PORT")
+    remedy += "; meant for mcprun? pass --" +
+              std::string(variable == "MASTER_ADDR" ? "master-addr" : "master-port");
+  return warn(name, "inherited " + shown + ": mcprun replaces it for every worker", remedy);
+}
+
+/// CUDA_VISIBLE_DEVICES: empty, or indices that CUDA reads in another order than nvidia-smi.
+CheckResult check_cuda_visible_devices(const std::string& name, const std::string& value,
+                                       const std::string& shown, const Environment& env) {
+  const auto order = env.find("CUDA_DEVICE_ORDER");
+  const bool pci_order = order != env.end() && order->second == "PCI_BUS_ID";
+  if (split(value, ',').empty())
+    return warn(name, "CUDA_VISIBLE_DEVICES is empty: CUDA sees no GPU at all",
+                "unset it, or name the GPUs to use");
+  if (names_gpus_by_index(value) && !pci_order)
+    return warn(
+        name,
+        shown +
+            " without CUDA_DEVICE_ORDER=PCI_BUS_ID: indices then follow CUDA's fastest-first "
+            "order, not nvidia-smi's (PCI) order, so an index may name another card",
+        "export CUDA_DEVICE_ORDER=PCI_BUS_ID, or name the GPUs by UUID (nvidia-smi -L); mcprun "
+        "reads the indices in PCI order and sets both for its workers");
+  return ok(name, shown + ": mcprun pins its workers within these GPUs");
+}
+
+/// NCCL_SOCKET_IFNAME: NCCL's own matching (prefixes, '=', '^') must find an interface here.
+CheckResult check_nccl_socket_ifname(const std::string& name, const std::string& value,
+                                     const std::string& shown,
+                                     const std::vector<std::string>& interfaces) {
+  std::vector<std::string> matched;
+  for (const std::string& interface : interfaces)
+    if (nccl_interface_matches(value, interface)) matched.push_back(interface);
+  if (matched.empty())
+    return warn(name, shown + ": no interface here matches, so NCCL finds no socket interface",
+                "name an interface that exists (ip -br link): NCCL takes prefixes, '=' "
+                "for exact names, a leading '^' to exclude");
+  return ok(name, shown + ": NCCL's sockets use only " + join(matched, ", "));
+}
+
+/// GLOO_SOCKET_IFNAME: every interface it names must exist here. The interfaces are listed only
+/// if it names one.
+CheckResult check_gloo_socket_ifname(
+    const std::string& name, const std::string& value, const std::string& shown,
+    const std::function<const std::vector<std::string>&()>& interface_names) {
+  std::vector<std::string> missing;
+  for (const std::string& interface : split(value, ','))
+    if (std::find(interface_names().begin(), interface_names().end(), interface) ==
+        interface_names().end())
+      missing.push_back(interface);
+  if (!missing.empty())
+    return warn(name,
+                shown + ": no interface " + join(missing, ", ") + " here; Gloo fails to start",
+                "name an interface that exists (ip -br link)");
+  return ok(name, shown + ": Gloo's sockets use this interface");
+}
+
+/// The table's findings for `variable`: what setting it to `value` does to NCCL or torch.
+void check_known_variable(const std::string& name, const std::string& variable,
+                          const std::string& value, const std::string& shown,
+                          const fs::path& sysfs_root, std::vector<CheckResult>& results) {
+  for (const KnownVariable& known : kKnownVariables) {
+    if (variable != known.name || !triggered(known.trigger, value)) continue;
+    CheckResult result{name, known.status, shown + ": " + std::string(known.effect),
+                       std::string(known.remedy)};
+    // Without an adapter, turning InfiniBand off changes nothing.
+    if (variable == "NCCL_IB_DISABLE" && !has_infiniband(sysfs_root)) {
+      result.status = CheckStatus::kOk;
+      result.finding += " (no InfiniBand adapter here: no effect)";
+    }
+    if (result.status == CheckStatus::kOk) result.remedy.clear();
+    results.push_back(std::move(result));
+  }
+}
+
+}  // namespace
+
 std::vector<CheckResult> check_environment(const DoctorInputs& inputs, DoctorProbes& probes) {
   const std::string name = "environment";
   std::vector<CheckResult> results;
@@ -536,75 +621,16 @@ std::vector<CheckResult> check_environment(const DoctorInputs& inputs, DoctorPro
   };
   for (const auto& [variable, value] : inputs.env) {
     const std::string shown = variable + "=" + value;
-    if (owned_by_launcher(variable) && variable != kLogLinePrefixTemplateVariable) {
-      std::string remedy =
-          "unset it where it comes from (an outer torchrun, a wrapper framework, a job script): "
-          "two parties setting up one process group hang it";
-      if (variable == "MASTER_ADDR" || variable == "MASTER_PORT")
-        remedy += "; meant for mcprun? pass --" +
-                  std::string(variable == "MASTER_ADDR" ? "master-addr" : "master-port");
-      results.push_back(
-          warn(name, "inherited " + shown + ": mcprun replaces it for every worker", remedy));
-      continue;
-    }
-    if (variable == "CUDA_VISIBLE_DEVICES") {
-      const auto order = inputs.env.find("CUDA_DEVICE_ORDER");
-      const bool pci_order = order != inputs.env.end() && order->second == "PCI_BUS_ID";
-      if (split(value, ',').empty()) {
-        results.push_back(warn(name, "CUDA_VISIBLE_DEVICES is empty: CUDA sees no GPU at all",
-                               "unset it, or name the GPUs to use"));
-      } else if (names_gpus_by_index(value) && !pci_order) {
-        results.push_back(warn(
-            name,
-            shown +
-                " without CUDA_DEVICE_ORDER=PCI_BUS_ID: indices then follow CUDA's fastest-first "
-                "order, not nvidia-smi's (PCI) order, so an index may name another card",
-            "export CUDA_DEVICE_ORDER=PCI_BUS_ID, or name the GPUs by UUID (nvidia-smi -L); mcprun "
-            "reads the indices in PCI order and sets both for its workers"));
-      } else {
-        results.push_back(ok(name, shown + ": mcprun pins its workers within these GPUs"));
-      }
-      continue;
-    }
-    if (variable == "NCCL_SOCKET_IFNAME") {
-      std::vector<std::string> matched;
-      for (const std::string& interface : interface_names())
-        if (nccl_interface_matches(value, interface)) matched.push_back(interface);
-      if (matched.empty())
-        results.push_back(
-            warn(name, shown + ": no interface here matches, so NCCL finds no socket interface",
-                 "name an interface that exists (ip -br link): NCCL takes prefixes, '=' "
-                 "for exact names, a leading '^' to exclude"));
-      else
-        results.push_back(ok(name, shown + ": NCCL's sockets use only " + join(matched, ", ")));
-      continue;
-    }
-    if (variable == "GLOO_SOCKET_IFNAME") {
-      std::vector<std::string> missing;
-      for (const std::string& interface : split(value, ','))
-        if (std::find(interface_names().begin(), interface_names().end(), interface) ==
-            interface_names().end())
-          missing.push_back(interface);
-      if (!missing.empty())
-        results.push_back(warn(
-            name, shown + ": no interface " + join(missing, ", ") + " here; Gloo fails to start",
-            "name an interface that exists (ip -br link)"));
-      else
-        results.push_back(ok(name, shown + ": Gloo's sockets use this interface"));
-      continue;
-    }
-    for (const KnownVariable& known : kKnownVariables) {
-      if (variable != known.name || !triggered(known.trigger, value)) continue;
-      CheckResult result{name, known.status, shown + ": " + std::string(known.effect),
-                         std::string(known.remedy)};
-      // Without an adapter, turning InfiniBand off changes nothing.
-      if (variable == "NCCL_IB_DISABLE" && !has_infiniband(inputs.sysfs_root)) {
-        result.status = CheckStatus::kOk;
-        result.finding += " (no InfiniBand adapter here: no effect)";
-      }
-      if (result.status == CheckStatus::kOk) result.remedy.clear();
-      results.push_back(std::move(result));
-    }
+    if (owned_by_launcher(variable) && variable != kLogLinePrefixTemplateVariable)
+      results.push_back(check_launcher_variable(name, variable, shown));
+    else if (variable == "CUDA_VISIBLE_DEVICES")
+      results.push_back(check_cuda_visible_devices(name, value, shown, inputs.env));
+    else if (variable == "NCCL_SOCKET_IFNAME")
+      results.push_back(check_nccl_socket_ifname(name, value, shown, interface_names()));
+    else if (variable == "GLOO_SOCKET_IFNAME")
+      results.push_back(check_gloo_socket_ifname(name, value, shown, interface_names));
+    else
+      check_known_variable(name, variable, value, shown, inputs.sysfs_root, results);
   }
   if (results.empty())
     results.push_back(ok(name, "no inherited variable fights mcprun or changes NCCL"));

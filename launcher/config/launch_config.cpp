@@ -260,42 +260,74 @@ std::optional<StreamSpec> parse_stream_spec(const std::string& text) {
 
 namespace {
 
-/// parse_launch_config, recording in `job` what a --config job file set.
-Expected<LaunchRequest> parse_arguments(const std::vector<std::string>& args, JobFile& job) {
-  LaunchConfig config;
-  CLI::App app{
-      "mcprun: a native drop-in for torchrun. Spawns one fresh process per worker, pins each to\n"
-      "one GPU in topology order, supervises the group and stops all of it on the first failure.\n\n"
-      "usage: mcprun [flags] SCRIPT [ARGS...]    (ARGS pass through untouched)\n"
-      "       mcprun topo                         (GPUs found and the rank mapping a launch uses)\n"
-      "       mcprun store [--port N]             (a standalone c10d TCPStore server)",
-      "mcprun"};
-  app.prefix_command();  // Everything from the script on belongs to the script.
-  app.option_defaults()->always_capture_default();
-  app.set_version_flag("--version", "mcprun " + mcprun_version());
-  app.footer(
-      "\nExit codes: 0 every worker exited 0; 1-125 the first failing worker's own code; 1 mcprun\n"
-      "could not proceed; 2 usage error; 3 the job stalled; 75 rendezvous failed or a node was lost;\n"
-      "124 --timeout passed; 128+N a worker died of, or mcprun was interrupted by, signal N.\n"
-      "--summary-json's \"result\" (success|failed|stalled|timeout|interrupted) tells them apart.\n\n"
-      "CI examples:\n"
-      "  mcprun --config configs/ci-smoke.yaml          # a job file; flags given here override it\n"
-      "  mcprun --config job.yaml -n 1 --timeout 120    # the same job, smaller and shorter\n"
-      "  mcprun -n 2 --timeout 600 --init-timeout 60 --summary-json summary.json \\\n"
-      "         --junit junit.xml train.py --epochs 1");
+constexpr const char* kUsage =
+    "mcprun: a native drop-in for torchrun. Spawns one fresh process per worker, pins each to\n"
+    "one GPU in topology order, supervises the group and stops all of it on the first failure.\n\n"
+    "usage: mcprun [flags] SCRIPT [ARGS...]    (ARGS pass through untouched)\n"
+    "       mcprun topo                         (GPUs found and the rank mapping a launch uses)\n"
+    "       mcprun store [--port N]             (a standalone c10d TCPStore server)";
 
-  std::string nproc_text = "1", redirects_text = "0", tee_text = "0", ranks_filter_text,
-              bind_text = "none", gpus_text;
-  auto add = [&](const std::string& dashed, auto& target, const std::string& help,
-                 const std::string& short_name = "") {
-    return app.add_option(names_for(dashed, short_name), target, help)->envname(env_name_for(dashed));
-  };
-  auto flag = [&](const std::string& dashed, bool& target, const std::string& help,
-                  const std::string& short_name = "") {
-    return app.add_flag(names_for(dashed, short_name), target, help)->envname(env_name_for(dashed));
-  };
+constexpr const char* kExitCodesAndExamples =
+    "\nExit codes: 0 every worker exited 0; 1-125 the first failing worker's own code; 1 mcprun\n"
+    "could not proceed; 2 usage error; 3 the job stalled; 75 rendezvous failed or a node was lost;\n"
+    "124 --timeout passed; 128+N a worker died of, or mcprun was interrupted by, signal N.\n"
+    "--summary-json's \"result\" (success|failed|stalled|timeout|interrupted) tells them apart.\n\n"
+    "CI examples:\n"
+    "  mcprun --config configs/ci-smoke.yaml          # a job file; flags given here override it\n"
+    "  mcprun --config job.yaml -n 1 --timeout 120    # the same job, smaller and shorter\n"
+    "  mcprun -n 2 --timeout 600 --init-timeout 60 --summary-json summary.json \\\n"
+    "         --junit junit.xml train.py --epochs 1";
 
-  add("nproc-per-node", nproc_text, "Workers per node: N, cpu, gpu (GPU count; error if none) or "
+/// What the flags hold as text (or in a form LaunchConfig has no field for) until they are checked.
+struct FlagTexts {
+  std::string nproc = "1", redirects = "0", tee = "0", ranks_filter, bind = "none", gpus;
+  std::string labels;
+  std::optional<double> shutdown_timeout;
+  std::string signals = kDefaultSignalsToHandle;
+  std::string numa;
+  std::string event_log_handler = "null";
+  std::string logs_specs;
+  std::string stdout_filters, stderr_filters;
+  std::string job_file_path;
+  bool no_stack_dumps = false;
+};
+
+/// Adds a torchrun option by its dashed name: its underscore spelling and its PET_ variable too.
+class TorchrunOption {
+ public:
+  explicit TorchrunOption(CLI::App& app) : app_(app) {}
+  template <class Target>
+  CLI::Option* operator()(const std::string& dashed, Target& target, const std::string& help,
+                          const std::string& short_name = "") const {
+    return app_.add_option(names_for(dashed, short_name), target, help)
+        ->envname(env_name_for(dashed));
+  }
+
+ private:
+  CLI::App& app_;
+};
+
+/// Adds a torchrun switch the same way.
+class TorchrunFlag {
+ public:
+  explicit TorchrunFlag(CLI::App& app) : app_(app) {}
+  CLI::Option* operator()(const std::string& dashed, bool& target, const std::string& help,
+                          const std::string& short_name = "") const {
+    return app_.add_flag(names_for(dashed, short_name), target, help)
+        ->envname(env_name_for(dashed));
+  }
+
+ private:
+  CLI::App& app_;
+};
+
+// The flags, in the order --help lists them.
+
+/// How many workers on how many nodes, and how the nodes find each other.
+void add_job_shape_flags(CLI::App& app, LaunchConfig& config, FlagTexts& texts) {
+  const TorchrunOption add(app);
+  const TorchrunFlag flag(app);
+  add("nproc-per-node", texts.nproc, "Workers per node: N, cpu, gpu (GPU count; error if none) or "
       "auto (GPU count, else CPU count)", "-n");
   add("nnodes", config.nnodes, "Number of nodes: N, or MIN:MAX for an elastic job");
   add("node-rank", config.node_rank,
@@ -312,8 +344,7 @@ Expected<LaunchRequest> parse_arguments(const std::vector<std::string>& args, Jo
   add("rdzv-conf", config.rdzv_conf,
       "Rendezvous options key=value,... (outer quotes are stripped): join_timeout (default 120 s), "
       "last_call_timeout (default 5 s), is_host; torchrun's other keys are accepted and unused");
-  std::string labels_text;
-  app.add_option("--topology-labels", labels_text,
+  app.add_option("--topology-labels", texts.labels,
                  "This node's place, e.g. rack=r1,switch=s3: nodes sharing labels get "
                  "neighbouring ranks")
       ->envname("MCPRUN_TOPOLOGY_LABELS");
@@ -323,6 +354,12 @@ Expected<LaunchRequest> parse_arguments(const std::vector<std::string>& args, Jo
   app.add_option("--rdzv-token-file", config.rdzv_token_file,
                  "File holding the token rendezvousd was started with (--token-file)")
       ->envname("MCPRUN_RDZV_TOKEN_FILE");
+}
+
+/// What each worker runs, and how often the group restarts.
+void add_worker_flags(CLI::App& app, LaunchConfig& config) {
+  const TorchrunOption add(app);
+  const TorchrunFlag flag(app);
   add("max-restarts", config.max_restarts, "Restart the whole group up to N times on failure")
       ->check(CLI::NonNegativeNumber);
   add("monitor-interval", config.monitor_interval,
@@ -334,55 +371,74 @@ Expected<LaunchRequest> parse_arguments(const std::vector<std::string>& args, Jo
   flag("module", config.module, "Run SCRIPT as a Python module (python -m)", "-m");
   flag("no-python", config.no_python, "Exec SCRIPT directly instead of through Python");
   flag("run-path", config.run_path, "Run SCRIPT by path (what mcprun always does for a .py)");
+}
+
+/// Where the workers' output goes; --local-addr follows, where torchrun's --help has it.
+void add_output_flags(CLI::App& app, LaunchConfig& config, FlagTexts& texts) {
+  const TorchrunOption add(app);
   add("log-dir", config.log_dir, "Keep per-rank stdout/stderr logs and error files here");
-  add("redirects", redirects_text,
+  add("redirects", texts.redirects,
       "Send streams to log files only: 0 none, 1 stdout, 2 stderr, 3 both, or rank:bits,...", "-r");
-  add("tee", tee_text, "Send streams to log files and the console (same syntax as --redirects)",
+  add("tee", texts.tee, "Send streams to log files and the console (same syntax as --redirects)",
       "-t");
-  add("local-ranks-filter", ranks_filter_text,
+  add("local-ranks-filter", texts.ranks_filter,
       "Show only these local ranks on the console, e.g. 0,3 (all are still logged)");
   add("local-addr", config.local_addr, "Address of this node; used as MASTER_ADDR when given");
+}
+
+/// How the group is stopped, and which signals stop it.
+void add_shutdown_flags(CLI::App& app, LaunchConfig& config, FlagTexts& texts) {
+  const TorchrunOption add(app);
   add("term-timeout", config.term_timeout, "Seconds between SIGTERM and SIGKILL when stopping")
       ->check(CLI::NonNegativeNumber);
-  std::optional<double> shutdown_timeout;
-  add("shutdown-timeout", shutdown_timeout,
+  add("shutdown-timeout", texts.shutdown_timeout,
       "torchrun 2.x's name for --term-timeout (which wins when both are given); without either, "
       "TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 10 s")
       ->check(CLI::NonNegativeNumber);
-  std::string signals_text = kDefaultSignalsToHandle;
-  add("signals-to-handle", signals_text,
+  add("signals-to-handle", texts.signals,
       "Signals mcprun handles, comma-separated: SIGTERM, SIGINT, SIGHUP, SIGQUIT (and SIGALRM, "
       "SIGXCPU, SIGXFSZ, SIGPWR, SIGVTALRM, SIGPROF) are forwarded to every worker and stop the "
       "group. SIGUSR1 and SIGUSR2, listed or not, are forwarded only: the workers keep running "
       "(Slurm's preemption warning). Other unlisted signals keep their default action");
-  std::string numa_text;
-  add("numa-binding", numa_text,
+}
+
+/// torch 2.x's CPU and GPU placement modes.
+void add_binding_flags(CLI::App& app, LaunchConfig& config, FlagTexts& texts) {
+  const TorchrunOption add(app);
+  const TorchrunFlag flag(app);
+  add("numa-binding", texts.numa,
       "Bind each worker to CPUs near its GPU: node, socket, exclusive or core-complex (torch 2.x's "
       "modes)");
   flag("virtual-local-rank", config.virtual_local_rank,
        "Every worker sees LOCAL_RANK=0 and its one GPU as device 0, so all ranks compile the same "
        "code");
-  std::string event_log_handler = "null";
-  add("event-log-handler", event_log_handler,
+}
+
+/// torchrun's flags that mcprun accepts with their default value only.
+void add_accepted_torchrun_flags(CLI::App& app, FlagTexts& texts) {
+  const TorchrunOption add(app);
+  add("event-log-handler", texts.event_log_handler,
       "Accepted for torchrun: mcprun has no event log handlers (anything but null is ignored "
       "with a warning)");
-  std::string logs_specs;
-  app.add_option(names_for("logs-specs"), logs_specs,
+  app.add_option(names_for("logs-specs"), texts.logs_specs,
                  "Accepted for torchrun: only its default LogsSpecs (default); mcprun's logs are "
                  "laid out by --log-dir");
-  std::string stdout_filters, stderr_filters;
-  add("duplicate-stdout-filters", stdout_filters,
+  add("duplicate-stdout-filters", texts.stdout_filters,
       "Accepted for torchrun when empty: mcprun does not copy matching lines to a second file "
       "(grep --log-dir's stdout.log)");
-  add("duplicate-stderr-filters", stderr_filters,
+  add("duplicate-stderr-filters", texts.stderr_filters,
       "Accepted for torchrun when empty: mcprun does not copy matching lines to a second file "
       "(grep --log-dir's stderr.log)");
+}
+
+/// What CI asks of a run: a time limit, a job file, reports, a GPU lease's patience.
+void add_ci_flags(CLI::App& app, LaunchConfig& config, FlagTexts& texts) {
+  const TorchrunOption add(app);
   app.add_option("--timeout", config.job_timeout,
                  "Wall-clock limit in seconds for the whole job, restarts included (0: none); "
                  "on expiry the group is stopped and mcprun exits 124")
       ->check(CLI::NonNegativeNumber);
-  std::string job_file_path;
-  app.add_option("--config", job_file_path,
+  app.add_option("--config", texts.job_file_path,
                  "YAML job file: any of these flags by its long name (nproc-per-node: 2), env: "
                  "(added to every worker's environment), script: and args:. Flags given here "
                  "override it (see configs/ci-smoke.yaml)")
@@ -399,6 +455,12 @@ Expected<LaunchRequest> parse_arguments(const std::vector<std::string>& args, Jo
       "On a box whose rendezvousd leases GPUs (MCPRUN_DAEMON, default its unix socket under "
       "/run/mcprun): seconds to wait for enough free GPUs; 0 fails at once naming who holds them")
       ->check(CLI::NonNegativeNumber);
+}
+
+/// The stall watchdogs, and what a stall leaves behind to diagnose it.
+void add_diagnosis_flags(CLI::App& app, LaunchConfig& config, FlagTexts& texts) {
+  const TorchrunOption add(app);
+  const TorchrunFlag flag(app);
   add("init-timeout", config.stall.init_timeout,
                  "Seconds for every rank to pass init_process_group's barrier, from the start of "
                  "each attempt (or from the first rank's arrival at the store, if none came by "
@@ -412,17 +474,22 @@ Expected<LaunchRequest> parse_arguments(const std::vector<std::string>& args, Jo
                  "Seconds without a line of output from a rank that count as a stall, for "
                  "scripts with no hooks. 0: off")
       ->check(CLI::NonNegativeNumber);
-  bool no_stack_dumps = false;
-  flag("no-stack-dumps", no_stack_dumps,
+  flag("no-stack-dumps", texts.no_stack_dumps,
        "On a stall, stop at once: no native stack dumps (py-spy, else gdb) and no Python "
        "tracebacks (SIGABRT to faulthandler) first");
   app.add_flag("--nccl-debug", config.nccl_debug,
                "Set NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=INIT,NET and TORCH_DISTRIBUTED_DEBUG=DETAIL "
                "for every worker");
+}
+
+/// Which GPUs and CPUs, and mcprun's own switches.
+void add_launcher_flags(CLI::App& app, LaunchConfig& config, FlagTexts& texts) {
+  const TorchrunOption add(app);
+  const TorchrunFlag flag(app);
   flag("dry-run", config.dry_run, "Print each rank's GPU, CPUs, environment and argv; start nothing");
   flag("no-pin", config.no_pin, "Leave CUDA_VISIBLE_DEVICES alone (allows more ranks than GPUs)");
-  add("gpus", gpus_text, "Use only these GPUs (CUDA_VISIBLE_DEVICES syntax: indices or UUIDs)");
-  add("bind", bind_text,
+  add("gpus", texts.gpus, "Use only these GPUs (CUDA_VISIBLE_DEVICES syntax: indices or UUIDs)");
+  add("bind", texts.bind,
       "CPU affinity per worker: none (default: the OS and torch's own thread pools place "
       "threads) or numa (the CPUs local to the worker's GPU)")
       ->check(CLI::IsMember({"none", "numa"}));
@@ -431,7 +498,14 @@ Expected<LaunchRequest> parse_arguments(const std::vector<std::string>& args, Jo
                "Ignore SLURM_* variables (also MCPRUN_SLURM=0). Under srun, mcprun otherwise takes "
                "nnodes, node rank, master (first node of the step), port 20000 + job id % 10000, "
                "run id and GPUs from Slurm wherever no flag or PET_* variable sets them");
+}
 
+/// The command line, then a --config job file under it (the command line beats the file). An
+/// InfoRequest or an error ends the parse; nullopt goes on.
+std::optional<Expected<LaunchRequest>> parse_command_line(CLI::App& app,
+                                                          const std::vector<std::string>& args,
+                                                          const std::string& job_file_path,
+                                                          JobFile& job) {
   auto expanded = expand_abbreviations(app, args);
   if (!expanded) return expanded.error();
   // CLI11 wants argv back to front.
@@ -452,7 +526,11 @@ Expected<LaunchRequest> parse_arguments(const std::vector<std::string>& args, Jo
   } catch (const CLI::ParseError& error) {
     return Error{error.what()};
   }
+  return std::nullopt;
+}
 
+/// The script and its arguments: the command line's, else the job file's.
+Expected<void> take_script(const CLI::App& app, const JobFile& job, LaunchConfig& config) {
   std::vector<std::string> rest = app.remaining();
   if (!rest.empty() && rest.front() == "--") rest.erase(rest.begin());
   if (rest.empty() && job.script) {  // The command line names no script: the file's, with its args.
@@ -460,153 +538,225 @@ Expected<LaunchRequest> parse_arguments(const std::vector<std::string>& args, Jo
     rest.insert(rest.end(), job.script_args.begin(), job.script_args.end());
   }
   config.env = job.env;
-  if (rest.empty())
-    return Error{"no training script given (usage: mcprun [flags] SCRIPT [ARGS...])"};
+  if (rest.empty()) return Error{"no training script given (usage: mcprun [flags] SCRIPT [ARGS...])"};
   if (rest.front().size() > 1 && rest.front()[0] == '-')
     return Error{"unknown flag " + rest.front() + " (see mcprun --help)"};
-  config.stack_dumps = !no_stack_dumps;
   config.script = rest.front();
   config.script_args.assign(rest.begin() + 1, rest.end());
+  return {};
+}
 
-  auto nproc = parse_nproc(nproc_text);
-  if (nproc_text == "xpu")
-    return Error{"--nproc-per-node xpu: mcprun pins NVIDIA GPUs only; expected a count, cpu, "
-                 "gpu or auto"};
+/// --nproc-per-node, --redirects, --tee, --local-ranks-filter, --gpus and --bind, checked.
+Expected<void> apply_worker_texts(const FlagTexts& texts, LaunchConfig& config) {
+  auto nproc = parse_nproc(texts.nproc);
+  if (texts.nproc == "xpu")
+    return Error{"--nproc-per-node xpu: mcprun pins NVIDIA GPUs only; expected a count, cpu, gpu or auto"};
   if (!nproc)
-    return Error{"--nproc-per-node " + nproc_text + ": expected a count >= 1, cpu, gpu or auto"};
+    return Error{"--nproc-per-node " + texts.nproc + ": expected a count >= 1, cpu, gpu or auto"};
   config.nproc = *nproc;
 
-  auto redirects = parse_stream_spec(redirects_text);
-  if (!redirects)
-    return Error{"--redirects " + redirects_text + ": expected 0-3 or LOCAL_RANK:0-3,..."};
+  auto redirects = parse_stream_spec(texts.redirects);
+  if (!redirects) return Error{"--redirects " + texts.redirects + ": expected 0-3 or LOCAL_RANK:0-3,..."};
   config.redirects = *redirects;
-  auto tee = parse_stream_spec(tee_text);
-  if (!tee) return Error{"--tee " + tee_text + ": expected 0-3 or LOCAL_RANK:0-3,..."};
+  auto tee = parse_stream_spec(texts.tee);
+  if (!tee) return Error{"--tee " + texts.tee + ": expected 0-3 or LOCAL_RANK:0-3,..."};
   config.tee = *tee;
 
-  if (!ranks_filter_text.empty()) {
-    config.local_ranks_filter = parse_rank_list(ranks_filter_text);
+  if (!texts.ranks_filter.empty()) {
+    config.local_ranks_filter = parse_rank_list(texts.ranks_filter);
     if (!config.local_ranks_filter)
-      return Error{"--local-ranks-filter " + ranks_filter_text +
-                   ": expected local ranks like 0,3"};
+      return Error{"--local-ranks-filter " + texts.ranks_filter + ": expected local ranks like 0,3"};
   }
-  if (!gpus_text.empty()) config.gpus = gpus_text;
-  config.bind = bind_text == "numa" ? LaunchConfig::CpuBind::kNuma : LaunchConfig::CpuBind::kNone;
+  if (!texts.gpus.empty()) config.gpus = texts.gpus;
+  config.bind = texts.bind == "numa" ? LaunchConfig::CpuBind::kNuma : LaunchConfig::CpuBind::kNone;
+  return {};
+}
+
+/// --nnodes as MIN:MAX, --node-rank within it, and the rendezvous an elastic job needs.
+Expected<void> apply_node_counts(LaunchConfig& config) {
+  auto colon = config.nnodes.find(':');
+  auto min_nodes = parse_int(std::string_view(config.nnodes).substr(0, colon));
+  auto max_nodes = colon == std::string::npos
+                       ? min_nodes
+                       : parse_int(std::string_view(config.nnodes).substr(colon + 1));
+  if (!min_nodes || !max_nodes || *min_nodes < 1 || *max_nodes < *min_nodes)
+    return Error{"--nnodes " + config.nnodes + ": expected N or MIN:MAX with 1 <= MIN <= MAX"};
+  config.min_nodes = *min_nodes;
+  config.max_nodes = *max_nodes;
+  if (config.node_rank && (*config.node_rank < 0 || *config.node_rank >= config.max_nodes))
+    return Error{"--node-rank " + std::to_string(*config.node_rank) + ": expected 0-" +
+           std::to_string(config.max_nodes - 1)};
+  if (config.rdzv_backend == "static" && config.min_nodes != config.max_nodes)
+    return Error{"--nnodes " + config.nnodes + ": an elastic MIN:MAX job needs "
+           "--rdzv-backend c10d and --rdzv-endpoint"};
+  if (config.uses_rendezvous() && config.rdzv_endpoint.empty())
+    return Error{"--nnodes " + config.nnodes + " with --rdzv-backend " + config.rdzv_backend +
+           " needs --rdzv-endpoint HOST:PORT"};
+  return {};
+}
+
+/// --topology-labels key=value,...
+Expected<void> apply_topology_labels(const std::string& text, LaunchConfig& config) {
+  if (text.empty()) return {};
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) {
+    auto eq = item.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == item.size())
+      return Error{"--topology-labels " + text + ": expected key=value,..."};
+    config.topology_labels[item.substr(0, eq)] = item.substr(eq + 1);
+  }
+  return {};
+}
+
+/// Static backend: --rdzv-endpoint names the master, as torchrun's static rendezvous reads it.
+bool endpoint_names_static_master(const LaunchConfig& config) {
+  return config.rdzv_backend == "static" && !config.standalone && !config.rdzv_endpoint.empty();
+}
+
+/// The static master from --rdzv-endpoint, over --master-addr and --master-port (with a warning).
+Expected<void> apply_static_master(const CLI::App& app, LaunchConfig& config) {
+  // Port 0, as for a listener: the master reserves a free one.
+  auto endpoint = parse_endpoint(unquoted(config.rdzv_endpoint), kListenRules);
+  if (!endpoint)
+    return Error{"--rdzv-endpoint " + endpoint.error().message + " (the static backend's master)"};
+  if (app.count("--master-addr") > 0 && config.master_addr != endpoint->host)
+    config.warnings.push_back("--master-addr " + config.master_addr + " is ignored: --rdzv-endpoint " +
+                              config.rdzv_endpoint + " names the master (as in torchrun)");
+  if (config.master_port && *config.master_port != endpoint->port)
+    config.warnings.push_back("--master-port " + std::to_string(*config.master_port) +
+                              " is ignored: --rdzv-endpoint " + config.rdzv_endpoint +
+                              " names the master (as in torchrun)");
+  config.master_addr = endpoint->host;
+  config.master_port = endpoint->port;
+  if (*config.master_port == 0) config.master_port.reset();  // Port 0: a free one.
+  return {};
+}
+
+/// MASTER_PORT's default and range, the backend, and flags that contradict each other.
+Expected<void> check_master_and_backend(LaunchConfig& config) {
+  // Static multi-node: every node must agree on the port, so torchrun's fixed default applies.
+  if (config.max_nodes > 1 && config.rdzv_backend == "static" && !config.master_port)
+    config.master_port = 29500;
+  if (config.master_port && (*config.master_port < 1 || *config.master_port > 65535))
+    return Error{"--master-port " + std::to_string(*config.master_port) + ": expected 1-65535"};
+  if (config.rdzv_backend != "static" && config.rdzv_backend != "c10d")
+    return Error{"--rdzv-backend " + config.rdzv_backend + ": expected static or c10d"};
+  if (config.module && config.no_python) return Error{"--module and --no-python cannot be used together"};
+  if (config.start_method != "spawn")
+    config.warnings.push_back("--start-method " + config.start_method +
+                              " is ignored: every worker is a fresh exec'ed process (spawn)");
+  return {};
+}
+
+/// --signals-to-handle and --numa-binding, checked.
+Expected<void> apply_signals_and_binding(const FlagTexts& texts, LaunchConfig& config) {
+  auto signals = parse_signal_list(texts.signals);
+  if (!signals) return signals.error();
+  config.signals_to_handle = *signals;
+  if (!texts.numa.empty()) {
+    config.numa_binding = parse_numa_binding(texts.numa);
+    if (!config.numa_binding)
+      return Error{"--numa-binding " + texts.numa + ": expected node, socket, exclusive or core-complex"};
+  }
+  return {};
+}
+
+/// torchrun's flags that mcprun accepts only at their defaults: a warning or a usage error.
+Expected<void> check_accepted_torchrun_flags(const FlagTexts& texts, LaunchConfig& config) {
+  if (texts.event_log_handler != "null")
+    config.warnings.push_back("--event-log-handler " + texts.event_log_handler +
+                              " is ignored: mcprun has no event log handlers");
+  if (!texts.logs_specs.empty() && texts.logs_specs != "default")
+    return Error{"--logs-specs " + texts.logs_specs + ": mcprun has only torchrun's default "
+           "LogsSpecs (default); its logs are laid out by --log-dir, --redirects and --tee"};
+  for (const auto* filters : {&texts.stdout_filters, &texts.stderr_filters})
+    if (!unquoted(*filters).empty())
+      return Error{std::string(filters == &texts.stdout_filters ? "--duplicate-stdout-filters "
+                                                          : "--duplicate-stderr-filters ") +
+             *filters + ": mcprun does not copy matching lines to a second file; keep "
+             "every line with --log-dir and grep its stdout.log/stderr.log"};
+  return {};
+}
+
+/// --term-timeout unless given: --shutdown-timeout, else TORCH_ELASTIC_SHUTDOWN_TIMEOUT.
+Expected<void> resolve_term_timeout(const CLI::App& app, const JobFile& job,
+                                    const FlagTexts& texts, LaunchConfig& config) {
+  if (app.count("--term-timeout") > 0 || job.flag_lines.contains("term-timeout") ||
+      std::getenv("PET_TERM_TIMEOUT") != nullptr)
+    return {};
+  if (texts.shutdown_timeout) {
+    config.term_timeout = *texts.shutdown_timeout;
+  } else if (const char* torch_timeout = std::getenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT")) {
+    char* end = nullptr;
+    const double seconds = std::strtod(torch_timeout, &end);
+    if (!*torch_timeout || *end != '\0' || !(seconds >= 0))
+      return Error{std::string("TORCH_ELASTIC_SHUTDOWN_TIMEOUT=") + torch_timeout +
+             ": expected seconds >= 0"};
+    config.term_timeout = seconds;
+  }
+  return {};
+}
+
+/// torchrun reads the template from its own environment (a job file's env: counts as exported).
+void resolve_log_line_prefix(const JobFile& job, LaunchConfig& config) {
+  const char* prefix_template = std::getenv(kLogLinePrefixTemplateVariable);
+  if (auto it = job.env.find(kLogLinePrefixTemplateVariable); it != job.env.end())
+    prefix_template = it->second.c_str();
+  if (prefix_template && *prefix_template) config.log_line_prefix_template = prefix_template;
+}
+
+/// MASTER_ADDR: loopback when standalone, else --local-addr unless the master was named.
+void resolve_master_addr(const CLI::App& app, const JobFile& job, bool static_master,
+                         LaunchConfig& config) {
+  if (config.standalone) config.master_addr = "127.0.0.1";
+  else if (!static_master && !config.local_addr.empty() && app.count("--master-addr") == 0 &&
+           !job.flag_lines.contains("master-addr") && std::getenv("PET_MASTER_ADDR") == nullptr)
+    config.master_addr = config.local_addr;
+}
+
+/// parse_launch_config, recording in `job` what a --config job file set.
+Expected<LaunchRequest> parse_arguments(const std::vector<std::string>& args, JobFile& job) {
+  LaunchConfig config;
+  CLI::App app{kUsage, "mcprun"};
+  app.prefix_command();  // Everything from the script on belongs to the script.
+  app.option_defaults()->always_capture_default();
+  app.set_version_flag("--version", "mcprun " + mcprun_version());
+  app.footer(kExitCodesAndExamples);
+
+  FlagTexts texts;
+  add_job_shape_flags(app, config, texts);
+  add_worker_flags(app, config);
+  add_output_flags(app, config, texts);
+  add_shutdown_flags(app, config, texts);
+  add_binding_flags(app, config, texts);
+  add_accepted_torchrun_flags(app, texts);
+  add_ci_flags(app, config, texts);
+  add_diagnosis_flags(app, config, texts);
+  add_launcher_flags(app, config, texts);
+
+  if (auto ended = parse_command_line(app, args, texts.job_file_path, job)) return *ended;
+  if (auto done = take_script(app, job, config); !done) return done.error();
+  config.stack_dumps = !texts.no_stack_dumps;
+  if (auto done = apply_worker_texts(texts, config); !done) return done.error();
 
   // Under srun: what the step says, wherever the user set nothing (see launcher/config/slurm.hpp).
   auto set_by_user = [&](const std::string& dashed) {
     return app.count("--" + dashed) > 0 || job.flag_lines.contains(dashed) ||
            std::getenv(env_name_for(dashed).c_str()) != nullptr;
   };
-  if (auto applied = apply_slurm(config, current_environment(), set_by_user); !applied)
-    return applied.error();
-  {
-    auto colon = config.nnodes.find(':');
-    auto min_nodes = parse_int(std::string_view(config.nnodes).substr(0, colon));
-    auto max_nodes = colon == std::string::npos
-                         ? min_nodes
-                         : parse_int(std::string_view(config.nnodes).substr(colon + 1));
-    if (!min_nodes || !max_nodes || *min_nodes < 1 || *max_nodes < *min_nodes)
-      return Error{"--nnodes " + config.nnodes + ": expected N or MIN:MAX with 1 <= MIN <= MAX"};
-    config.min_nodes = *min_nodes;
-    config.max_nodes = *max_nodes;
-  }
-  if (config.node_rank && (*config.node_rank < 0 || *config.node_rank >= config.max_nodes))
-    return Error{"--node-rank " + std::to_string(*config.node_rank) + ": expected 0-" +
-                 std::to_string(config.max_nodes - 1)};
-  if (config.rdzv_backend == "static" && config.min_nodes != config.max_nodes)
-    return Error{"--nnodes " + config.nnodes + ": an elastic MIN:MAX job needs "
-                 "--rdzv-backend c10d and --rdzv-endpoint"};
-  if (config.uses_rendezvous() && config.rdzv_endpoint.empty())
-    return Error{"--nnodes " + config.nnodes + " with --rdzv-backend " + config.rdzv_backend +
-                 " needs --rdzv-endpoint HOST:PORT"};
-  if (auto applied = apply_rdzv_conf(config.rdzv_conf, config); !applied) return applied.error();
-  if (!labels_text.empty()) {
-    std::stringstream in(labels_text);
-    for (std::string item; std::getline(in, item, ',');) {
-      auto eq = item.find('=');
-      if (eq == std::string::npos || eq == 0 || eq + 1 == item.size())
-        return Error{"--topology-labels " + labels_text + ": expected key=value,..."};
-      config.topology_labels[item.substr(0, eq)] = item.substr(eq + 1);
-    }
-  }
-  // Static backend: --rdzv-endpoint names the master, as torchrun's static rendezvous reads it.
-  const bool static_endpoint = config.rdzv_backend == "static" && !config.standalone &&
-                               !config.rdzv_endpoint.empty();
-  if (static_endpoint) {
-    // Port 0, as for a listener: the master reserves a free one.
-    auto endpoint = parse_endpoint(unquoted(config.rdzv_endpoint), kListenRules);
-    if (!endpoint)
-      return Error{"--rdzv-endpoint " + endpoint.error().message +
-                   " (the static backend's master)"};
-    if (app.count("--master-addr") > 0 && config.master_addr != endpoint->host)
-      config.warnings.push_back("--master-addr " + config.master_addr + " is ignored: --rdzv-endpoint " +
-                                config.rdzv_endpoint + " names the master (as in torchrun)");
-    if (config.master_port && *config.master_port != endpoint->port)
-      config.warnings.push_back("--master-port " + std::to_string(*config.master_port) +
-                                " is ignored: --rdzv-endpoint " + config.rdzv_endpoint +
-                                " names the master (as in torchrun)");
-    config.master_addr = endpoint->host;
-    config.master_port = endpoint->port;
-    if (*config.master_port == 0) config.master_port.reset();  // Port 0: a free one.
-  }
-  // Static multi-node: every node must agree on the port, so torchrun's fixed default applies.
-  if (config.max_nodes > 1 && config.rdzv_backend == "static" && !config.master_port)
-    config.master_port = 29500;
-  if (config.master_port && (*config.master_port < 1 || *config.master_port > 65535))
-    return Error{"--master-port " + std::to_string(*config.master_port) +
-                 ": expected 1-65535"};
-  if (config.rdzv_backend != "static" && config.rdzv_backend != "c10d")
-    return Error{"--rdzv-backend " + config.rdzv_backend + ": expected static or c10d"};
-  if (config.module && config.no_python)
-    return Error{"--module and --no-python cannot be used together"};
-  if (config.start_method != "spawn")
-    config.warnings.push_back("--start-method " + config.start_method +
-                              " is ignored: every worker is a fresh exec'ed process (spawn)");
-  auto signals = parse_signal_list(signals_text);
-  if (!signals) return signals.error();
-  config.signals_to_handle = *signals;
-  if (!numa_text.empty()) {
-    config.numa_binding = parse_numa_binding(numa_text);
-    if (!config.numa_binding)
-      return Error{"--numa-binding " + numa_text +
-                   ": expected node, socket, exclusive or core-complex"};
-  }
-  if (event_log_handler != "null")
-    config.warnings.push_back("--event-log-handler " + event_log_handler +
-                              " is ignored: mcprun has no event log handlers");
-  if (!logs_specs.empty() && logs_specs != "default")
-    return Error{"--logs-specs " + logs_specs + ": mcprun has only torchrun's default "
-                 "LogsSpecs (default); its logs are laid out by --log-dir, --redirects and --tee"};
-  for (const auto* filters : {&stdout_filters, &stderr_filters})
-    if (!unquoted(*filters).empty())
-      return Error{std::string(filters == &stdout_filters ? "--duplicate-stdout-filters "
-                                                          : "--duplicate-stderr-filters ") +
-                   *filters + ": mcprun does not copy matching lines to a second file; keep "
-                   "every line with --log-dir and grep its stdout.log/stderr.log"};
-  if (app.count("--term-timeout") == 0 && !job.flag_lines.contains("term-timeout") &&
-      std::getenv("PET_TERM_TIMEOUT") == nullptr) {
-    if (shutdown_timeout) {
-      config.term_timeout = *shutdown_timeout;
-    } else if (const char* torch_timeout = std::getenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT")) {
-      char* end = nullptr;
-      const double seconds = std::strtod(torch_timeout, &end);
-      if (!*torch_timeout || *end != '\0' || !(seconds >= 0))
-        return Error{std::string("TORCH_ELASTIC_SHUTDOWN_TIMEOUT=") + torch_timeout +
-                     ": expected seconds >= 0"};
-      config.term_timeout = seconds;
-    }
-  }
-  // torchrun reads the template from its own environment (a job file's env: counts as exported).
-  const char* prefix_template = std::getenv(kLogLinePrefixTemplateVariable);
-  if (auto it = job.env.find(kLogLinePrefixTemplateVariable); it != job.env.end())
-    prefix_template = it->second.c_str();
-  if (prefix_template && *prefix_template) config.log_line_prefix_template = prefix_template;
-
-  if (config.standalone) config.master_addr = "127.0.0.1";
-  else if (!static_endpoint && !config.local_addr.empty() && app.count("--master-addr") == 0 &&
-           !job.flag_lines.contains("master-addr") && std::getenv("PET_MASTER_ADDR") == nullptr)
-    config.master_addr = config.local_addr;
+  if (auto done = apply_slurm(config, current_environment(), set_by_user); !done) return done.error();
+  if (auto done = apply_node_counts(config); !done) return done.error();
+  if (auto done = apply_rdzv_conf(config.rdzv_conf, config); !done) return done.error();
+  if (auto done = apply_topology_labels(texts.labels, config); !done) return done.error();
+  const bool static_master = endpoint_names_static_master(config);
+  if (static_master)
+    if (auto done = apply_static_master(app, config); !done) return done.error();
+  if (auto done = check_master_and_backend(config); !done) return done.error();
+  if (auto done = apply_signals_and_binding(texts, config); !done) return done.error();
+  if (auto done = check_accepted_torchrun_flags(texts, config); !done) return done.error();
+  if (auto done = resolve_term_timeout(app, job, texts, config); !done) return done.error();
+  resolve_log_line_prefix(job, config);
+  resolve_master_addr(app, job, static_master, config);
   return LaunchRequest{std::move(config)};
 }
 

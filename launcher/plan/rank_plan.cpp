@@ -45,40 +45,27 @@ std::string worker_python(const Environment& env) {
   return exec != env.end() && !exec->second.empty() ? exec->second : "python3";
 }
 
-Expected<RankPlan> build_rank_plan(const LaunchConfig& config, std::vector<GpuDevice> discovered,
-                                   const Environment& inherited, int master_port) {
-  RankPlan plan;
-  plan.warnings = config.warnings;
+namespace {
 
-  // The user's allowed set: --gpus wins over an inherited CUDA_VISIBLE_DEVICES.
-  std::optional<std::string> allowed = config.gpus;
-  if (!allowed)
-    if (auto it = inherited.find("CUDA_VISIBLE_DEVICES"); it != inherited.end()) allowed = it->second;
-  TopologyOrder order = topology_order(std::move(discovered), allowed);
-  if (!order.error.empty())
-    return Error{(config.gpus ? "--gpus: " : "CUDA_VISIBLE_DEVICES: ") + order.error};
-  const int gpu_count = static_cast<int>(order.gpus.size());
+/// --nproc-per-node as a count: cpu, gpu and auto resolved against what this node has.
+Expected<int> resolve_nproc(const NprocSpec& spec, int gpu_count) {
   const int cpu_count = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-
-  int nproc = config.nproc.count;
-  switch (config.nproc.kind) {
-    case NprocSpec::Kind::kCount: break;
-    case NprocSpec::Kind::kCpu: nproc = cpu_count; break;
+  switch (spec.kind) {
+    case NprocSpec::Kind::kCount: return spec.count;
+    case NprocSpec::Kind::kCpu: return cpu_count;
     case NprocSpec::Kind::kGpu:
       if (gpu_count == 0)
         return Error{"--nproc-per-node gpu: no NVIDIA GPU found (use a count, cpu or auto)"};
-      nproc = gpu_count;
-      break;
-    case NprocSpec::Kind::kAuto: nproc = gpu_count > 0 ? gpu_count : cpu_count; break;
+      return gpu_count;
+    case NprocSpec::Kind::kAuto: return gpu_count > 0 ? gpu_count : cpu_count;
   }
+  return spec.count;
+}
 
-  // `-n cpu` asks for a CPU job; no GPU at all is a CPU job too, and not an error.
-  plan.pinned = !config.no_pin && gpu_count > 0 && config.nproc.kind != NprocSpec::Kind::kCpu;
-  if (plan.pinned && nproc > gpu_count)
-    return Error{std::to_string(nproc) + " GPU-pinned ranks but only " +
-                 std::to_string(gpu_count) +
-                 " GPU(s) allowed; lower --nproc-per-node or pass --no-pin to share GPUs"};
-
+/// The workers' command line: the script (or module, or executable) through Python unless
+/// --no-python, with its arguments. An error when the script or interpreter is not there.
+Expected<std::vector<std::string>> worker_argv(const LaunchConfig& config,
+                                               const Environment& inherited) {
   if (!config.module) {
     if (config.no_python) {
       if (!find_executable(config.script, search_path_of(inherited)))
@@ -87,44 +74,49 @@ Expected<RankPlan> build_rank_plan(const LaunchConfig& config, std::vector<GpuDe
       return Error{"training script not found: " + config.script};
     }
   }
+  std::vector<std::string> argv;
   if (config.no_python) {
-    plan.argv.push_back(config.script);
+    argv.push_back(config.script);
   } else {
     const std::string python = worker_python(inherited);
     auto resolved = find_executable(python, search_path_of(inherited));
     if (!resolved) return Error{"python interpreter not found: " + python + " (set PYTHON_EXEC)"};
-    plan.argv = {*resolved, "-u"};  // Unbuffered, as torchrun runs it, so output is live.
-    if (config.module) plan.argv.push_back("-m");
-    plan.argv.push_back(config.script);
+    argv = {*resolved, "-u"};  // Unbuffered, as torchrun runs it, so output is live.
+    if (config.module) argv.push_back("-m");
+    argv.push_back(config.script);
   }
-  plan.argv.insert(plan.argv.end(), config.script_args.begin(), config.script_args.end());
+  argv.insert(argv.end(), config.script_args.begin(), config.script_args.end());
+  return argv;
+}
 
-  // A static multi-node job knows its place from the flags; a rendezvous moves it later.
-  const int group_rank = config.uses_rendezvous() ? 0 : config.node_rank.value_or(0);
-  const int group_world_size = config.uses_rendezvous() ? 1 : config.max_nodes;
-  plan.job = JobIdentity{config.master_addr, master_port, config.rdzv_id, config.role,
-                         config.max_restarts, nproc, nproc * group_world_size, group_rank,
-                         group_world_size, config.virtual_local_rank,
-                         format_signal_list(config.signals_to_handle)};
+/// One slot per local rank: its global rank and, when pinned, its GPU and the GPUs it sees.
+std::vector<RankSlot> rank_slots(const LaunchConfig& config, const TopologyOrder& order, int nproc,
+                                 int group_rank, bool pinned) {
   // Every worker sees the job's GPUs in topology order, so cuda:LOCAL_RANK is the GPU chosen for
   // that rank and set_device(LOCAL_RANK) works unchanged; GPUs beyond nproc stay hidden.
   std::vector<std::string> job_gpus;
-  if (plan.pinned)
+  if (pinned)
     for (int local_rank = 0; local_rank < nproc; ++local_rank)
       job_gpus.push_back(order.gpus[local_rank].cuda_visible_name());
+  std::vector<RankSlot> slots;
   for (int local_rank = 0; local_rank < nproc; ++local_rank) {
     RankSlot slot;
     slot.identity.local_rank = local_rank;
     slot.identity.rank = group_rank * nproc + local_rank;
-    if (plan.pinned) {
+    if (pinned) {
       slot.identity.gpu = order.gpus[local_rank];
       slot.identity.visible_gpus = config.virtual_local_rank
                                        ? std::vector<std::string>{job_gpus[local_rank]}
                                        : job_gpus;
       if (config.bind == LaunchConfig::CpuBind::kNuma) slot.cpus = order.gpus[local_rank].local_cpus;
     }
-    plan.slots.push_back(std::move(slot));
+    slots.push_back(std::move(slot));
   }
+  return slots;
+}
+
+/// --numa-binding: each pinned slot's CPUs near its GPU, in torch 2.x's mode.
+Expected<void> bind_numa(const LaunchConfig& config, const TopologyOrder& order, RankPlan& plan) {
   if (config.numa_binding && plan.pinned) {
     const CpuTopology cpus = read_cpu_topology();
     for (RankSlot& slot : plan.slots) {
@@ -138,6 +130,11 @@ Expected<RankPlan> build_rank_plan(const LaunchConfig& config, std::vector<GpuDe
   } else if (config.numa_binding) {
     plan.warnings.push_back("--numa-binding has no effect without pinned GPUs");
   }
+  return {};
+}
+
+/// Warnings for flags without effect here and for inherited variables; --nccl-debug's variables.
+void finish_plan(const LaunchConfig& config, const Environment& inherited, RankPlan& plan) {
   if (config.virtual_local_rank && !plan.pinned)
     plan.warnings.push_back("--virtual-local-rank sets LOCAL_RANK=0 for every worker of an "
                             "unpinned job: ranks on one node can no longer tell their GPU apart");
@@ -150,6 +147,49 @@ Expected<RankPlan> build_rank_plan(const LaunchConfig& config, std::vector<GpuDe
                            {"TORCH_DISTRIBUTED_DEBUG", "DETAIL"}});
   auto env_warnings = environment_warnings(plan.job, inherited);
   plan.warnings.insert(plan.warnings.end(), env_warnings.begin(), env_warnings.end());
+}
+
+}  // namespace
+
+Expected<RankPlan> build_rank_plan(const LaunchConfig& config, std::vector<GpuDevice> discovered,
+                                   const Environment& inherited, int master_port) {
+  RankPlan plan;
+  plan.warnings = config.warnings;
+
+  // The user's allowed set: --gpus wins over an inherited CUDA_VISIBLE_DEVICES.
+  std::optional<std::string> allowed = config.gpus;
+  if (!allowed)
+    if (auto it = inherited.find("CUDA_VISIBLE_DEVICES"); it != inherited.end()) allowed = it->second;
+  TopologyOrder order = topology_order(std::move(discovered), allowed);
+  if (!order.error.empty())
+    return Error{(config.gpus ? "--gpus: " : "CUDA_VISIBLE_DEVICES: ") + order.error};
+  const int gpu_count = static_cast<int>(order.gpus.size());
+
+  auto resolved = resolve_nproc(config.nproc, gpu_count);
+  if (!resolved) return resolved.error();
+  const int nproc = *resolved;
+
+  // `-n cpu` asks for a CPU job; no GPU at all is a CPU job too, and not an error.
+  plan.pinned = !config.no_pin && gpu_count > 0 && config.nproc.kind != NprocSpec::Kind::kCpu;
+  if (plan.pinned && nproc > gpu_count)
+    return Error{std::to_string(nproc) + " GPU-pinned ranks but only " +
+                      std::to_string(gpu_count) +
+                      " GPU(s) allowed; lower --nproc-per-node or pass --no-pin to share GPUs"};
+
+  auto argv = worker_argv(config, inherited);
+  if (!argv) return argv.error();
+  plan.argv = std::move(*argv);
+
+  // A static multi-node job knows its place from the flags; a rendezvous moves it later.
+  const int group_rank = config.uses_rendezvous() ? 0 : config.node_rank.value_or(0);
+  const int group_world_size = config.uses_rendezvous() ? 1 : config.max_nodes;
+  plan.job = JobIdentity{config.master_addr, master_port, config.rdzv_id, config.role,
+                         config.max_restarts, nproc, nproc * group_world_size, group_rank,
+                         group_world_size, config.virtual_local_rank,
+                         format_signal_list(config.signals_to_handle)};
+  plan.slots = rank_slots(config, order, nproc, group_rank, plan.pinned);
+  if (auto bound = bind_numa(config, order, plan); !bound) return bound.error();
+  finish_plan(config, inherited, plan);
   return plan;
 }
 

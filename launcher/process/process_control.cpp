@@ -184,6 +184,8 @@ std::optional<pid_t> PosixProcessControl::spawn(const SpawnRequest& request, std
 
 void PosixProcessControl::signal_group(pid_t pgid, int signal) { ::kill(-pgid, signal); }
 
+void PosixProcessControl::signal_process(pid_t pid, int signal) { ::kill(pid, signal); }
+
 void PosixProcessControl::signal_orphans(int signal) {
   // Adopted orphans are our children but not ones we spawned; the kernel lists them per task.
   const pid_t self = ::getpid();

@@ -4,6 +4,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -36,6 +37,9 @@ class ProcessControl {
   virtual std::optional<pid_t> spawn(const SpawnRequest& request, std::string* error) = 0;
   /// Sends `signal` to the whole process group led by `pgid`.
   virtual void signal_group(pid_t pgid, int signal) = 0;
+  /// Sends `signal` to the process `pid` alone, not its group: faulthandler's SIGABRT is for the
+  /// worker, not for whatever it started.
+  virtual void signal_process(pid_t pid, int signal) = 0;
   /// Sends `signal` to processes that were orphaned and re-parented to the launcher.
   virtual void signal_orphans(int signal) = 0;
   /// Reaps every child that has exited, without blocking.
@@ -45,6 +49,10 @@ class ProcessControl {
   virtual std::optional<ProcessExit> reap_one(pid_t pid) = 0;
   /// Whether any child (worker or adopted orphan) is still unreaped.
   virtual bool has_children() = 0;
+  /// For a control whose processes end without a SIGCHLD (a test's fake): `listener` runs after
+  /// each such ending, so that the event loop reaps it. The real one never calls it: the kernel's
+  /// SIGCHLD wakes the loop. An empty function removes the listener.
+  virtual void set_exit_listener(std::function<void()> listener) { (void)listener; }
 };
 
 /// fork+exec with a clean slate: own process group, default signal dispositions, empty mask, no
@@ -60,6 +68,7 @@ class PosixProcessControl final : public ProcessControl {
   PosixProcessControl& operator=(const PosixProcessControl&) = delete;
   std::optional<pid_t> spawn(const SpawnRequest& request, std::string* error) override;
   void signal_group(pid_t pgid, int signal) override;
+  void signal_process(pid_t pid, int signal) override;
   void signal_orphans(int signal) override;
   std::vector<ProcessExit> reap() override;
   std::optional<ProcessExit> reap_one(pid_t pid) override;

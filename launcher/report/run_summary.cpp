@@ -302,6 +302,76 @@ nlohmann::ordered_json RunSummary::format_json(int exit_code) const {
       {"ranks", std::move(ranks)}};
 }
 
+namespace {
+
+/// A JUnit suite's test cases as they are written, counting failures and skips.
+class JunitCases {
+ public:
+  /// `suite` is escaped already; `failure_type` is the job's result word.
+  JunitCases(std::string suite, std::string failure_type)
+      : suite_(std::move(suite)), failure_type_(std::move(failure_type)) {}
+
+  void passed(const std::string& name, double seconds) {
+    open(name, seconds);
+    cases_ << "/>\n";
+  }
+  void skipped(const std::string& name, double seconds, const std::string& message) {
+    ++skipped_;
+    open(name, seconds);
+    cases_ << ">\n    <skipped message=\"" << xml_escape(message) << "\"/>\n  </testcase>\n";
+  }
+  void failed(const std::string& name, double seconds, const std::string& message,
+              const std::vector<std::string>& body) {
+    ++failures_;
+    open(name, seconds);
+    cases_ << ">\n    <failure message=\"" << xml_escape(message) << "\" type=\"" << failure_type_
+           << "\">";
+    for (size_t i = 0; i < body.size(); ++i) cases_ << (i ? "\n" : "") << xml_escape(body[i]);
+    cases_ << "</failure>\n  </testcase>\n";
+  }
+  int failures() const { return failures_; }
+  int skipped() const { return skipped_; }
+  std::string text() const { return cases_.str(); }
+
+ private:
+  void open(const std::string& name, double seconds) {
+    cases_ << fmt::format("  <testcase classname=\"{}\" name=\"{}\" time=\"{:.3f}\"", suite_,
+                          xml_escape(name), seconds);
+  }
+
+  std::string suite_, failure_type_;
+  std::ostringstream cases_;
+  int failures_ = 0, skipped_ = 0;
+};
+
+/// A failed or stalled rank's <failure> text: how it ended, the error torch's @record wrote,
+/// where the stall found it, and its last lines of output.
+std::vector<std::string> rank_failure_body(const WorkerOutcome& worker,
+                                           const std::optional<RecordedError>& recorded,
+                                           const RankProgress* progress, const std::string& host) {
+  std::vector<std::string> body{
+      fmt::format("rank {} (local rank {}, pid {}) on {}: {}", worker.rank, worker.local_rank,
+                  worker.pid, host,
+                  worker.pid == 0 ? "never started"
+                  : worker.stopped_by_launcher
+                      ? "stopped by mcprun, " + describe_exit(worker.exit_code, worker.signal)
+                      : describe_exit(worker.exit_code, worker.signal))};
+  if (recorded) {
+    body.push_back("error: " + recorded->message);
+    std::istringstream traceback(recorded->traceback);
+    for (std::string line; std::getline(traceback, line);) body.push_back("  " + line);
+  }
+  if (progress) {
+    body.push_back("at the stall: " + progress->state);
+    if (!progress->stack_file.empty()) body.push_back("stack dump: " + progress->stack_file);
+  }
+  body.push_back("last output (" + std::to_string(worker.tail.size()) + " lines):");
+  for (const std::string& line : worker.tail) body.push_back("  " + line);
+  return body;
+}
+
+}  // namespace
+
 std::string RunSummary::format_junit(int exit_code) const {
   const Verdict ending = verdict(exit_code);
   const std::string suite = xml_escape("mcprun." + rdzv_id_);
@@ -311,65 +381,31 @@ std::string RunSummary::format_junit(int exit_code) const {
     culprit_here |=
         (rank.outcome.failed() && !rank.outcome.stopped_by_launcher) || stalled(rank.outcome.rank);
 
-  std::ostringstream cases;
-  int failures = 0, skipped = 0;
-  auto testcase = [&](const std::string& name, double seconds) {
-    cases << fmt::format("  <testcase classname=\"{}\" name=\"{}\" time=\"{:.3f}\"", suite,
-                         xml_escape(name), seconds);
-  };
-  auto failure = [&](const std::string& message, const std::vector<std::string>& body) {
-    ++failures;
-    cases << ">\n    <failure message=\"" << xml_escape(message) << "\" type=\"" << ending.result
-          << "\">";
-    for (size_t i = 0; i < body.size(); ++i) cases << (i ? "\n" : "") << xml_escape(body[i]);
-    cases << "</failure>\n  </testcase>\n";
-  };
+  JunitCases cases(suite, ending.result);
   for (size_t i = 0; i < ranks_.size(); ++i) {
     const Rank& rank = ranks_[i];
     const WorkerOutcome& worker = rank.outcome;
     const bool failed_itself = worker.failed() && !worker.stopped_by_launcher;
     const bool was_stalled = stalled(worker.rank);
-    testcase("rank " + std::to_string(worker.rank), rank.duration_s);
+    const std::string name = "rank " + std::to_string(worker.rank);
     if (ending.result == "success" ||
-        (worker.pid > 0 && !worker.failed() && !worker.stopped_by_launcher)) {
-      cases << "/>\n";
-      continue;
-    }
-    if (!failed_itself && !was_stalled && culprit_here) {
-      ++skipped;
-      cases << ">\n    <skipped message=\"" << xml_escape("stopped by mcprun: " + ending.root_cause)
-            << "\"/>\n  </testcase>\n";
-      continue;
-    }
-    std::vector<std::string> body{
-        fmt::format("rank {} (local rank {}, pid {}) on {}: {}", worker.rank, worker.local_rank,
-                    worker.pid, host_,
-                    worker.pid == 0 ? "never started"
-                    : worker.stopped_by_launcher
-                        ? "stopped by mcprun, " + describe_exit(worker.exit_code, worker.signal)
-                        : describe_exit(worker.exit_code, worker.signal))};
-    if (rank.recorded) {
-      body.push_back("error: " + rank.recorded->message);
-      std::istringstream traceback(rank.recorded->traceback);
-      for (std::string line; std::getline(traceback, line);) body.push_back("  " + line);
-    }
-    if (const RankProgress* progress = stall_progress(worker.rank)) {
-      body.push_back("at the stall: " + progress->state);
-      if (!progress->stack_file.empty()) body.push_back("stack dump: " + progress->stack_file);
-    }
-    body.push_back("last output (" + std::to_string(worker.tail.size()) + " lines):");
-    for (const std::string& line : worker.tail) body.push_back("  " + line);
-    failure(failed_itself && !root_cause(i) ? rank_ending(rank) : ending.root_cause, body);
+        (worker.pid > 0 && !worker.failed() && !worker.stopped_by_launcher))
+      cases.passed(name, rank.duration_s);
+    else if (!failed_itself && !was_stalled && culprit_here)
+      cases.skipped(name, rank.duration_s, "stopped by mcprun: " + ending.root_cause);
+    else
+      cases.failed(name, rank.duration_s,
+                   failed_itself && !root_cause(i) ? rank_ending(rank) : ending.root_cause,
+                   rank_failure_body(worker, rank.recorded, stall_progress(worker.rank), host_));
   }
   // An ending no rank accounts for (a rendezvous that failed, no rank ever started) still fails.
-  const bool launch_case = ending.result != "success" && failures == 0;
-  if (launch_case) {
-    testcase(
+  const bool launch_case = ending.result != "success" && cases.failures() == 0;
+  if (launch_case)
+    cases.failed(
         "mcprun",
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - started_steady_).count());
-    failure(ending.root_cause,
-            {"mcprun exited " + std::to_string(exit_code) + ": " + ending.root_cause});
-  }
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started_steady_).count(),
+        ending.root_cause,
+        {"mcprun exited " + std::to_string(exit_code) + ": " + ending.root_cause});
 
   const double total =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started_steady_).count();
@@ -379,8 +415,9 @@ std::string RunSummary::format_junit(int exit_code) const {
       << fmt::format(
              "<testsuite name=\"{}\" tests=\"{}\" failures=\"{}\" errors=\"0\" skipped=\"{}\" "
              "time=\"{:.3f}\" timestamp=\"{}\" hostname=\"{}\">\n",
-             suite, tests, failures, skipped, total, utc_timestamp(started_), xml_escape(host_))
-      << cases.str() << "</testsuite>\n";
+             suite, tests, cases.failures(), cases.skipped(), total, utc_timestamp(started_),
+             xml_escape(host_))
+      << cases.text() << "</testsuite>\n";
   return out.str();
 }
 

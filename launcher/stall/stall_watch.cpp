@@ -54,13 +54,8 @@ Environment StallWatch::worker_env(const std::filesystem::path& runtime_dir) {
           {"MCPRUN_AGENT_SOCKET", agent_socket_in(runtime_dir).string()}};
 }
 
-void StallWatch::host_store(boost::asio::ip::tcp::acceptor acceptor) {
-  store_ = std::make_unique<TcpStoreServer>(io_, std::move(acceptor),
-                                            [this](const StoreEvent& event) { on_store_event(event); });
-}
-
-void StallWatch::renew_store() {
-  if (store_) store_->reset();
+TcpStoreServer::Listener StallWatch::store_observer() {
+  return [this](const StoreEvent& event) { on_store_event(event); };
 }
 
 void StallWatch::begin_attempt(int world_size, int master_port, StallHooks hooks) {
@@ -70,7 +65,7 @@ void StallWatch::begin_attempt(int world_size, int master_port, StallHooks hooks
   master_port_ = master_port;
   hooks_ = std::move(hooks);
   attempt_start_ = Clock::now();
-  if (store_ && settings_.init_timeout > 0) {
+  if (observed_store_ && settings_.init_timeout > 0) {
     init_.emplace(world_size, settings_.torch_init_barrier);
     arm_init_deadline();
   }

@@ -4,7 +4,6 @@
 #pragma once
 
 #include <boost/asio/io_context.hpp>
-#include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/steady_timer.hpp>
 
 #include <chrono>
@@ -58,13 +57,12 @@ class StallWatch {
   /// TORCHELASTIC_TIMER_FILE and MCPRUN_AGENT_SOCKET, for every worker of a StallWatch built on
   /// `runtime_dir` (--dry-run names them without building one).
   static Environment worker_env(const std::filesystem::path& runtime_dir);
-  /// Serves the job store on `acceptor`: this node is the job's master.
-  void host_store(boost::asio::ip::tcp::acceptor acceptor);
-  void stop_hosting_store() { store_.reset(); }
-  /// Empties the store and closes every connection: each attempt gets a store of its own, as
-  /// torch 2.x expects (its env:// keys carry no attempt number).
-  void renew_store();
-  bool hosts_store() const { return store_ != nullptr; }
+  /// What the job store this node serves reports to the init barrier watchdog: the launch that
+  /// owns the store passes it to TcpStoreServer, which calls it for every event.
+  TcpStoreServer::Listener store_observer();
+  /// The job store the init barrier is watched through, owned by the launch; nullptr when this
+  /// node serves none (it is not the master), so the barrier is watched on the master only.
+  void observe_store(const TcpStoreServer* store) { observed_store_ = store; }
 
   /// Arms every watchdog for one attempt of `world_size` ranks; `master_port` is the store's.
   void begin_attempt(int world_size, int master_port, StallHooks hooks);
@@ -98,7 +96,7 @@ class StallWatch {
   std::string host_;
   FileTimerServer file_timer_;
   AgentChannel channel_;
-  std::unique_ptr<TcpStoreServer> store_;
+  const TcpStoreServer* observed_store_ = nullptr;  ///< The launch's; only its events are read.
 
   // The current attempt; reset by begin_attempt.
   bool armed_ = false;

@@ -2,6 +2,8 @@
 
 #include <signal.h>
 
+#include <boost/asio/post.hpp>
+
 #include <fstream>
 
 #include "common/event_loop.hpp"
@@ -11,6 +13,12 @@
 
 namespace mcprun {
 namespace {
+
+/// An attempt lasts as long as the job does: supervising it has no limit of ours (--timeout is
+/// the job's own, and arrives as a stop request).
+constexpr std::chrono::hours kNoAttemptLimit{24 * 365};
+/// Beyond the dumpers' own limits: time for the last one's exit to reach the loop.
+constexpr std::chrono::seconds kDumpBatchSlack{1};
 
 /// Adds the Python tracebacks faulthandler printed to a rank's stack dump file.
 void append_tracebacks(const std::filesystem::path& stack_file, const std::vector<std::string>& lines) {
@@ -39,7 +47,15 @@ WorkerGroup::WorkerGroup(boost::asio::io_context& io, ProcessControl& control,
   for (int signal : {SIGUSR1, SIGUSR2})
     if (!config.signals_to_handle.contains(signal)) signals_.add(signal);
   wait_for_signals();
+  // A control without SIGCHLD (a test's fake) says when a process ended; the reap runs on the loop.
+  control_.set_exit_listener([this, alive = std::weak_ptr<bool>(alive_)] {
+    boost::asio::post(io_, [this, alive] {
+      if (!alive.expired()) on_child_exits();
+    });
+  });
 }
+
+WorkerGroup::~WorkerGroup() { control_.set_exit_listener({}); }
 
 void WorkerGroup::wait_for_signals() {
   signals_.async_wait([this](boost::system::error_code ec, int signal) {
@@ -162,7 +178,7 @@ void WorkerGroup::dump_stalled_workers() {
     if (worker.running) requests.push_back({worker.pid, worker.stack_file});
   bool dumped = false;
   dumper_.dump_all(requests, kStackDumpTimeout, [&dumped] { dumped = true; });
-  run_until([&] { return dumped; }, kStackDumpTimeout + kDumperKillTimeout + std::chrono::seconds(1));
+  run_until([&] { return dumped; }, kStackDumpTimeout + kDumperKillTimeout + kDumpBatchSlack);
 
   // faulthandler (PYTHONFAULTHANDLER) prints every thread's Python traceback on SIGABRT.
   stopping_ = true;
@@ -170,20 +186,33 @@ void WorkerGroup::dump_stalled_workers() {
     if (!worker.running || !python_tracebacks_) continue;
     worker.output->copy_stderr_to(&worker.tracebacks);
     control_.signal_group(worker.pid, SIGCONT);
-    ::kill(worker.pid, SIGABRT);
+    control_.signal_process(worker.pid, SIGABRT);
   }
   if (python_tracebacks_) run_until([this] { return running_count() == 0; }, kTracebackTimeout);
 }
 
 AttemptResult WorkerGroup::run_attempt(int restart_count, const AttemptFiles& files) {
+  reset_attempt();
+  AttemptResult result;
+  prepare_workers(files);
+  spawn_workers(restart_count, result);
+  if (result.end != AttemptResult::End::kSpawnFailed) supervise();
+  stop_attempt();
+  collect_outcomes(result);
+  if (result.end != AttemptResult::End::kSpawnFailed) classify_ending(result);
+  return result;
+}
+
+void WorkerGroup::reset_attempt() {
   workers_.clear();
   first_failure_.reset();
   peer_stop_.reset();
   stall_.reset();
   stopping_ = escalate_ = false;
-  AttemptResult result;
-  const bool several_ranks = plan_.slots.size() > 1;
+}
 
+void WorkerGroup::prepare_workers(const AttemptFiles& files) {
+  const bool several_ranks = plan_.slots.size() > 1;
   workers_.reserve(plan_.slots.size());
   for (const RankSlot& slot : plan_.slots) {
     const int local_rank = slot.identity.local_rank;
@@ -207,7 +236,9 @@ AttemptResult WorkerGroup::run_attempt(int restart_count, const AttemptFiles& fi
     worker.dir = rank_dir;
     worker.stack_file = rank_dir / "stacks.txt";
   }
+}
 
+void WorkerGroup::spawn_workers(int restart_count, AttemptResult& result) {
   for (Worker& worker : workers_) {
     if (interrupt_signal_ != 0) break;
     const Environment delta =
@@ -229,19 +260,23 @@ AttemptResult WorkerGroup::run_attempt(int restart_count, const AttemptFiles& fi
     worker.output->start();
     spdlog::debug("started local rank {} as pid {}", worker.slot->identity.local_rank, *pid);
   }
+}
 
-  if (result.end != AttemptResult::End::kSpawnFailed)
-    run_until([this] {
-      return running_count() == 0 || first_failure_ || interrupt_signal_ != 0 || peer_stop_ ||
-             stall_;
-    },
-              std::chrono::hours(24 * 365));  // The job's own length: no limit of ours.
+void WorkerGroup::supervise() {
+  run_until([this] {
+    return running_count() == 0 || first_failure_ || interrupt_signal_ != 0 || peer_stop_ || stall_;
+  },
+            kNoAttemptLimit);
+}
 
+void WorkerGroup::stop_attempt() {
   if (stall_ && interrupt_signal_ == 0) dump_stalled_workers();
   // Whatever ended the attempt, nothing of it outlives it: not workers, not their grandchildren.
   if (interrupt_signal_ != 0) stop_all(interrupt_signal_, true);
   else stop_all(SIGTERM, false);
+}
 
+void WorkerGroup::collect_outcomes(AttemptResult& result) {
   run_until([this] {
     for (const Worker& worker : workers_) if (!worker.output->drained()) return false;
     return true;
@@ -253,8 +288,9 @@ AttemptResult WorkerGroup::run_attempt(int restart_count, const AttemptFiles& fi
     worker.outcome.tail = worker.output->tail();
     result.workers.push_back(worker.outcome);
   }
+}
 
-  if (result.end == AttemptResult::End::kSpawnFailed) return result;
+void WorkerGroup::classify_ending(AttemptResult& result) const {
   if (stall_ && interrupt_signal_ == 0) {
     result.end = AttemptResult::End::kStalled;
     result.stall = stall_;
@@ -269,7 +305,6 @@ AttemptResult WorkerGroup::run_attempt(int restart_count, const AttemptFiles& fi
     result.end = AttemptResult::End::kWorkerFailed;
     result.first_failure = *first_failure_;
   }
-  return result;
 }
 
 }  // namespace mcprun

@@ -53,6 +53,9 @@ class WorkerGroup {
  public:
   WorkerGroup(boost::asio::io_context& io, ProcessControl& control, const RankPlan& plan,
               const LaunchConfig& config, const Environment& inherited);
+  ~WorkerGroup();
+  WorkerGroup(const WorkerGroup&) = delete;
+  WorkerGroup& operator=(const WorkerGroup&) = delete;
 
   /// Starts every worker of attempt `restart_count` and supervises them until all are gone.
   AttemptResult run_attempt(int restart_count, const AttemptFiles& files);
@@ -83,6 +86,21 @@ class WorkerGroup {
     std::filesystem::path stack_file;  ///< Empty under --no-stack-dumps.
     std::vector<std::string> tracebacks;  ///< stderr after SIGABRT: faulthandler's dump.
   };
+  // run_attempt's steps, in order.
+  void reset_attempt();
+  /// A Worker per slot of the plan: its folder, its output relay, its outcome's identity.
+  void prepare_workers(const AttemptFiles& files);
+  /// Starts every worker, unless interrupted first; a failed spawn ends the attempt.
+  void spawn_workers(int restart_count, AttemptResult& result);
+  /// Runs the loop until every worker ended, one failed, or a signal, peer stop or stall came.
+  void supervise();
+  /// A stall's diagnosis and dumps, then the whole group stopped and reaped.
+  void stop_attempt();
+  /// Each worker's last output and outcome, once its pipes are drained.
+  void collect_outcomes(AttemptResult& result);
+  /// Which ending the attempt had: a stall, another node's stop, a signal, a worker's failure.
+  void classify_ending(AttemptResult& result) const;
+
   void wait_for_signals();
   void on_signal(int signal);
   void on_child_exits();
@@ -112,6 +130,8 @@ class WorkerGroup {
   std::function<void(const StallNotice&, const std::vector<WorkerStatus>&)> stall_listener_;
   StackDumper dumper_;
   bool python_tracebacks_;  ///< Workers run with faulthandler, so SIGABRT prints tracebacks.
+  /// Expires with this group, so that an exit notice posted to the loop finds it gone.
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 
 }  // namespace mcprun
