@@ -13,7 +13,6 @@
 
 #include <array>
 #include <chrono>
-#include <deque>
 #include <map>
 #include <optional>
 #include <memory>
