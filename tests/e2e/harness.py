@@ -92,7 +92,13 @@ class LauncherTestCase(unittest.TestCase):
 
     def run_mcprun(self, *args, env=None, timeout=120, user=None):
         proc = self.start(*args, env=env, user=user)
-        out, err = proc.communicate(timeout=timeout)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            # What mcprun said before it hung is the whole diagnosis: fail with it, not without.
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            self.fail(f"mcprun {' '.join(args)} ran past {timeout} s\n--- stdout\n{out}\n--- stderr\n{err}")
         return proc.returncode, out, err
 
     def pids(self):

@@ -62,15 +62,15 @@ elif mode == "quiet":
         print("tick", flush=True)
         time.sleep(0.1)
 elif mode == "train":
-    # A real DDP loop for $TRAIN_SECONDS, much longer than --init-timeout.
+    # A real DDP loop of at least $TRAIN_SECONDS, much longer than --init-timeout. Every rank runs
+    # the same number of steps, as a real script does: a rank that left a clock-bound loop one
+    # step early would wait in all_gather while the others wait in backward's allreduce, forever.
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    deadline, step = time.monotonic() + float(os.environ.get("TRAIN_SECONDS", "1")), 0
-    while time.monotonic() < deadline:
+    for step in range(1, round(float(os.environ.get("TRAIN_SECONDS", "1")) / 0.05) + 1):
         optimizer.zero_grad()
         model(torch.randn(4, 8)).sum().backward()
         optimizer.step()
-        step += 1
         if behaviour == "fail_after_init_first_attempt" and restart_count == 0 and step == 5:
             print("failing after init", flush=True)
             sys.exit(1)
