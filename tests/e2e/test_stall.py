@@ -21,6 +21,13 @@ if behaviour == "late_init" or (behaviour == "late_first_attempt" and
     time.sleep(600)
 if behaviour == "slow_import":
     time.sleep(5)  # A node whose imports outlast --init-timeout: no evidence of a stall yet.
+if os.environ.get("MODE") == "quiet" and behaviour != "quiet":
+    def tick():  # From before the import on, so the quiet rank is found first however slow it is.
+        while True:
+            print("tick", flush=True)
+            time.sleep(0.1)
+    import threading
+    threading.Thread(target=tick, daemon=True).start()
 restart_count = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 if behaviour == "late_in_retry" and restart_count > 0:
     print("late to init in this attempt", flush=True)
@@ -56,11 +63,7 @@ elif mode == "barrier":
         time.sleep(600)
     mcprun.barrier("checkpoint", timeout=5)
 elif mode == "quiet":
-    if behaviour == "quiet":
-        time.sleep(600)
-    for _ in range(150):  # Outlasts --silence-timeout, so the quiet rank is found first.
-        print("tick", flush=True)
-        time.sleep(0.1)
+    time.sleep(600)  # The other rank ticks until mcprun stops the group.
 elif mode == "train":
     # A real DDP loop of at least $TRAIN_SECONDS, much longer than --init-timeout. Every rank runs
     # the same number of steps, as a real script does: a rank that left a clock-bound loop one
