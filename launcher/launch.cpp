@@ -14,6 +14,7 @@
 #include "common/endpoint.hpp"
 #include "common/event_loop.hpp"
 #include "common/exit_status.hpp"
+#include "common/expected.hpp"
 #include "common/logging.hpp"
 #include "common/protocol.hpp"
 #include "common/sys.hpp"
@@ -28,10 +29,9 @@ namespace mcprun {
 /// --log-dir it is kept; otherwise it is a temp folder removed at exit unless logs were asked for.
 class RunDirectory {
  public:
-  RunDirectory(const LaunchConfig& config, std::string* error) {
+  static Expected<std::unique_ptr<RunDirectory>> create(const LaunchConfig& config) {
     const bool streams_to_files = config.redirects.all || config.tee.all ||
                                   !config.redirects.per_rank.empty() || !config.tee.per_rank.empty();
-    keep_ = !config.log_dir.empty() || streams_to_files || config.nccl_debug;
     std::filesystem::path parent = config.log_dir;
     if (parent.empty()) {
       const char* tmp = std::getenv("TMPDIR");
@@ -40,22 +40,22 @@ class RunDirectory {
     std::error_code ec;
     std::filesystem::create_directories(parent, ec);
     std::string pattern = (parent / ("mcprun_" + config.rdzv_id + "_XXXXXX")).string();
-    if (::mkdtemp(pattern.data()) == nullptr) {
-      *error = "cannot create a run folder under " + parent.string() + ": " + std::strerror(errno);
-      return;
-    }
-    path_ = pattern;
-    if (keep_) spdlog::info("logs of this run: {}", path_.string());
+    if (::mkdtemp(pattern.data()) == nullptr)
+      return Error{"cannot create a run folder under " + parent.string() + ": " + std::strerror(errno)};
+    const bool keep = !config.log_dir.empty() || streams_to_files || config.nccl_debug;
+    if (keep) spdlog::info("logs of this run: {}", pattern);
+    return std::unique_ptr<RunDirectory>(new RunDirectory(pattern, keep));
   }
+  RunDirectory(const RunDirectory&) = delete;
+  RunDirectory& operator=(const RunDirectory&) = delete;
   ~RunDirectory() {
     std::error_code ec;
     if (!runtime_.empty()) std::filesystem::remove_all(runtime_, ec);
-    if (!keep_ && !path_.empty()) std::filesystem::remove_all(path_, ec);
+    if (!keep_) std::filesystem::remove_all(path_, ec);
   }
   AttemptFiles attempt(int restart_count) const {
     return {path_ / ("attempt_" + std::to_string(restart_count)), keep_};
   }
-  bool ok() const { return !path_.empty(); }
   const std::filesystem::path& path() const { return path_; }
   /// Keeps the folder after all: it holds a stall's report and stack dumps.
   void keep() {
@@ -73,6 +73,8 @@ class RunDirectory {
   }
 
  private:
+  RunDirectory(std::filesystem::path path, bool keep) : path_(std::move(path)), keep_(keep) {}
+
   static constexpr size_t kUnixPathLimit = 100;  ///< sun_path holds 108 bytes.
   std::filesystem::path path_;
   std::filesystem::path runtime_;
@@ -159,9 +161,9 @@ void add_supervision_env(RankPlan& plan, const std::filesystem::path& runtime_di
 /// The job store's listening socket on MASTER_PORT: the socket mcprun reserved when it holds
 /// that port, else a fresh bind (a --master-port the user chose). An IPv6 MASTER_ADDR
 /// (--rdzv-endpoint [::1]:PORT) gets a dual-stack IPv6 socket, so its workers can connect.
-std::optional<boost::asio::ip::tcp::acceptor> store_acceptor(
-    boost::asio::io_context& io, const std::string& master_addr, int port,
-    std::optional<PortReservation>& reservation, std::string* error) {
+Expected<boost::asio::ip::tcp::acceptor> store_acceptor(boost::asio::io_context& io,
+                                                        const std::string& master_addr, int port,
+                                                        std::optional<PortReservation>& reservation) {
   namespace ip = boost::asio::ip;
   ip::tcp::acceptor acceptor(io);
   boost::system::error_code ec;
@@ -177,10 +179,7 @@ std::optional<boost::asio::ip::tcp::acceptor> store_acceptor(
     if (!ec) acceptor.bind({protocol, static_cast<unsigned short>(port)}, ec);
   }
   if (!ec) acceptor.listen(ip::tcp::socket::max_listen_connections, ec);
-  if (ec) {
-    *error = fmt::format("cannot serve the job store on MASTER_PORT {}: {}", port, ec.message());
-    return std::nullopt;
-  }
+  if (ec) return Error{fmt::format("cannot serve the job store on MASTER_PORT {}: {}", port, ec.message())};
   return acceptor;
 }
 
@@ -322,12 +321,12 @@ std::optional<int> Launch::prepare_join() {
 }
 
 std::optional<int> Launch::prepare_supervision() {
-  std::string error;
-  run_dir_ = std::make_unique<RunDirectory>(config_, &error);
-  if (!run_dir_->ok()) {
-    spdlog::error("{}", error);
+  auto run_dir = RunDirectory::create(config_);
+  if (!run_dir) {
+    spdlog::error("{}", run_dir.error().message);
     return kExitFailure;
   }
+  run_dir_ = std::move(*run_dir);
   StallSettings stall = config_.stall;
   if (auto it = inherited_.find(std::string(torch_keys::kInitBarrierSwitch));
       it != inherited_.end() && it->second == "0" && stall.init_timeout > 0) {
@@ -441,10 +440,9 @@ bool Launch::serve_store_if_master() {
 }
 
 bool Launch::open_store() {
-  std::string error;
-  auto acceptor = store_acceptor(io_, plan_->job.master_addr, plan_->job.master_port, reservation_, &error);
+  auto acceptor = store_acceptor(io_, plan_->job.master_addr, plan_->job.master_port, reservation_);
   if (!acceptor) {
-    spdlog::error("{}", error);
+    spdlog::error("{}", acceptor.error().message);
     return false;
   }
   raise_descriptor_limit();  // A connection or two per rank of the job.

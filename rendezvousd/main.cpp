@@ -12,10 +12,10 @@
 #include <functional>
 #include <optional>
 #include <string>
-#include <variant>
 
 #include "common/descriptor_limit.hpp"
 #include "common/exit_status.hpp"
+#include "common/expected.hpp"
 #include "common/logging.hpp"
 #include "common/version.hpp"
 #include "rendezvousd/daemon_config.hpp"
@@ -48,12 +48,12 @@ std::chrono::milliseconds seconds_to_ms(double seconds) {
 
 /// The file, the flags over it, the token: the one way a configuration is built, at start and on
 /// SIGHUP. An error line naming the input otherwise.
-std::variant<StartupConfig, std::string> build_config(const DaemonFlags& flags) {
+Expected<StartupConfig> build_config(const DaemonFlags& flags) {
   StartupConfig built;
   DaemonConfig& config = built.config;
   if (!flags.config_file.empty())
     if (auto loaded = load_daemon_config(flags.config_file, config); !loaded)
-      return loaded.error().message;
+      return loaded.error();
   if (!flags.listen.empty()) config.listen = flags.listen;
   if (!flags.metrics_listen.empty()) config.metrics_listen = flags.metrics_listen;
   if (!flags.token_file.empty()) config.token_file = flags.token_file;
@@ -62,13 +62,13 @@ std::variant<StartupConfig, std::string> build_config(const DaemonFlags& flags) 
   if (flags.first_message_s > 0) config.server.first_message_timeout = seconds_to_ms(flags.first_message_s);
   if (flags.stop_timeout_s > 0) config.stop_timeout = seconds_to_ms(flags.stop_timeout_s);
   if (flags.verbose) config.log_level = spdlog::level::debug;
-  if (auto loaded = load_token(config); !loaded) return loaded.error().message;
+  if (auto loaded = load_token(config); !loaded) return loaded.error();
   auto listen = parse_listen_address(config.listen);
-  if (!listen) return "listen " + listen.error().message;
+  if (!listen) return Error{"listen " + listen.error().message};
   built.listen = *listen;
   if (!config.metrics_listen.empty()) {
     auto metrics = parse_listen_address(config.metrics_listen);
-    if (!metrics) return "metrics_listen " + metrics.error().message;
+    if (!metrics) return Error{"metrics_listen " + metrics.error().message};
     built.metrics = *metrics;
   }
   return built;
@@ -184,13 +184,13 @@ void reload_on_sighup(Reloadable& reload) {
     if (ec) return;
     reload.notifier.reloading();
     auto reloaded = build_config(reload.flags);
-    if (auto* next = std::get_if<StartupConfig>(&reloaded)) {
-      reload.config = apply_reload(reload.config, std::move(next->config), reload.server);
+    if (reloaded) {
+      reload.config = apply_reload(reload.config, std::move(reloaded->config), reload.server);
       spdlog::info("reloaded the configuration{}",
                    reload.flags.config_file.empty() ? "" : " from " + reload.flags.config_file);
     } else {
       spdlog::error("reload refused, keeping the running configuration: {}",
-                    std::get<std::string>(reloaded));
+                    reloaded.error().message);
     }
     reload.notifier.ready();
     reload_on_sighup(reload);
@@ -229,11 +229,11 @@ int main(int argc, char** argv) {
   }
   init_logging("rendezvousd", flags.verbose);
   auto built = build_config(flags);
-  if (auto* error = std::get_if<std::string>(&built)) {
-    std::fprintf(stderr, "rendezvousd: error: %s\n", error->c_str());
+  if (!built) {
+    std::fprintf(stderr, "rendezvousd: error: %s\n", built.error().message.c_str());
     return kExitUsage;
   }
-  StartupConfig& startup = std::get<StartupConfig>(built);
+  StartupConfig& startup = *built;
   DaemonConfig& config = startup.config;
   spdlog::set_level(config.log_level);
   raise_descriptor_limit();

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/expected.hpp"
 #include "common/logging.hpp"
 #include "common/protocol.hpp"
 #include "common/topology.hpp"
@@ -233,11 +234,10 @@ struct JoinRequest {
 
 /// Authenticates a parsed join and turns it into the round's terms; a one-line reason when
 /// refused.
-std::variant<JoinRequest, std::string> join_request(const JoinMessage& message,
-                                                    const std::string& peer_address,
-                                                    const ServerSettings& settings) {
+Expected<JoinRequest> join_request(const JoinMessage& message, const std::string& peer_address,
+                                   const ServerSettings& settings) {
   if (!settings.token.empty() && !tokens_equal(message.token, settings.token))
-    return std::string("authentication failed: wrong or missing token");
+    return Error{"authentication failed: wrong or missing token"};
   JoinRequest request;
   NodeInfo& node = request.node;
   RoundSettings& round = request.round;
@@ -264,8 +264,8 @@ void RendezvousServer::handle_join(const std::shared_ptr<AgentSession>& session,
                                    const JoinMessage& message) {
   if (!session->job_id.empty()) return session->refuse("second 'join' on one connection");
   auto parsed = join_request(message, session->peer_address(), settings_);
-  if (auto* error = std::get_if<std::string>(&parsed)) return session->refuse(*error);
-  auto& [job_id, node, round] = std::get<JoinRequest>(parsed);
+  if (!parsed) return session->refuse(parsed.error().message);
+  auto& [job_id, node, round] = *parsed;
 
   auto it = jobs_.find(job_id);
   if (it != jobs_.end() && !it->second.finished && !may_access(*session, it->second))
@@ -318,8 +318,8 @@ void RendezvousServer::handle_rejoin(const std::shared_ptr<AgentSession>& sessio
                                      const JoinMessage& message) {
   if (!session->job_id.empty()) return session->refuse("'rejoin' on a joined connection");
   auto parsed = join_request(message, session->peer_address(), settings_);
-  if (auto* error = std::get_if<std::string>(&parsed)) return session->refuse(*error);
-  auto& [job_id, node, round] = std::get<JoinRequest>(parsed);
+  if (!parsed) return session->refuse(parsed.error().message);
+  auto& [job_id, node, round] = *parsed;
   const int world_size = message.assignment->world_size;
   const int group_world_size = message.assignment->group_world_size;
 

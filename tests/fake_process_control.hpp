@@ -144,12 +144,10 @@ class FakeProcessControl final : public ProcessControl {
 
   // ---- ProcessControl.
 
-  std::optional<pid_t> spawn(const SpawnRequest& request, std::string* error) override {
+  Expected<pid_t> spawn(const SpawnRequest& request) override {
     const size_t index = spawn_count_++;
-    if (auto failure = spawn_failures_.find(index); failure != spawn_failures_.end()) {
-      *error = failure->second;
-      return std::nullopt;
-    }
+    if (auto failure = spawn_failures_.find(index); failure != spawn_failures_.end())
+      return Error{failure->second};
     Process& spawned = processes_.emplace_back();
     spawned.pid = next_pid_++;
     spawned.request = request;

@@ -95,15 +95,13 @@ class StackDumpTest : public ::testing::Test {
     int fds[2];
     EXPECT_EQ(::pipe2(fds, O_CLOEXEC), 0);
     UniqueFd read_end(fds[0]), write_end(fds[1]);
-    std::string error;
     auto pid = control_.spawn({{"/usr/bin/python3", "-c",
                                 "import time; print('ready', flush=True); time.sleep(60)"},
                                {"PATH=/usr/bin:/bin"},
                                {},
                                write_end.get(),
-                               -1},
-                              &error);
-    EXPECT_TRUE(pid) << error;
+                               -1});
+    EXPECT_TRUE(pid) << pid.error().message;
     if (!pid) return 0;
     targets_.push_back(*pid);
     write_end.reset();

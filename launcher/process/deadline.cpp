@@ -47,11 +47,9 @@ Expected<BoundedRun> run_with_deadline(ProcessControl& control, std::vector<std:
   if (::pipe2(pipe_fds, O_CLOEXEC) != 0) return Error{std::string("pipe2: ") + std::strerror(errno)};
   UniqueFd read_end(pipe_fds[0]), write_end(pipe_fds[1]);
   UniqueFd discard(::open("/dev/null", O_WRONLY | O_CLOEXEC));
-  std::string error;
-  auto pid = control.spawn({std::move(argv), std::move(env), {}, write_end.get(), discard.get()},
-                           &error);
+  auto pid = control.spawn({std::move(argv), std::move(env), {}, write_end.get(), discard.get()});
   write_end.reset();  // Ours closed, the child's end is the only one: its exit ends our reads.
-  if (!pid) return Error{error};
+  if (!pid) return pid.error();
   auto pidfd = open_pidfd(*pid);
   if (!pidfd) {  // Without it the run cannot be bounded: end it now rather than wait unbounded.
     control.signal_group(*pid, SIGKILL);

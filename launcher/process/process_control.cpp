@@ -134,7 +134,7 @@ PosixProcessControl::~PosixProcessControl() {
   ::close(guardian_fd_);
 }
 
-std::optional<pid_t> PosixProcessControl::spawn(const SpawnRequest& request, std::string* error) {
+Expected<pid_t> PosixProcessControl::spawn(const SpawnRequest& request) {
   // Build argv/envp before forking: the child may not allocate.
   std::vector<char*> argv, envp;
   for (const auto& arg : request.argv) argv.push_back(const_cast<char*>(arg.c_str()));
@@ -143,10 +143,7 @@ std::optional<pid_t> PosixProcessControl::spawn(const SpawnRequest& request, std
   envp.push_back(nullptr);
 
   int report[2];
-  if (::pipe2(report, O_CLOEXEC) != 0) {
-    *error = std::string("pipe2: ") + std::strerror(errno);
-    return std::nullopt;
-  }
+  if (::pipe2(report, O_CLOEXEC) != 0) return Error{std::string("pipe2: ") + std::strerror(errno)};
   UniqueFd report_read(report[0]), report_write(report[1]);
   const pid_t launcher = ::getpid();
   pid_t pid;
@@ -155,10 +152,7 @@ std::optional<pid_t> PosixProcessControl::spawn(const SpawnRequest& request, std
     pid = ::fork();
     if (pid == 0) exec_child(request, argv.data(), envp.data(), launcher, report_write.get());
   }
-  if (pid < 0) {
-    *error = std::string("fork: ") + std::strerror(errno);
-    return std::nullopt;
-  }
+  if (pid < 0) return Error{std::string("fork: ") + std::strerror(errno)};
   // Also set from the parent, so the group exists before we ever signal it.
   ::setpgid(pid, pid);
   report_write.reset();
@@ -171,11 +165,10 @@ std::optional<pid_t> PosixProcessControl::spawn(const SpawnRequest& request, std
     int child_errno = 0;
     if (name_length + 1 + sizeof child_errno <= static_cast<size_t>(n))
       std::memcpy(&child_errno, buffer + name_length + 1, sizeof child_errno);
-    *error = std::string(buffer, name_length) + "(" + request.argv[0] +
-             "): " + std::strerror(child_errno);
     int status;
     ::waitpid(pid, &status, 0);
-    return std::nullopt;
+    return Error{std::string(buffer, name_length) + "(" + request.argv[0] +
+                 "): " + std::strerror(child_errno)};
   }
   spawned_.push_back(pid);
   if (guardian_fd_ >= 0) [[maybe_unused]] auto n = ::write(guardian_fd_, &pid, sizeof pid);

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "common/expected.hpp"
+
 namespace mcprun {
 
 /// What to start: argv is exec'ed directly, never through a shell.
@@ -32,9 +34,9 @@ struct ProcessExit {
 class ProcessControl {
  public:
   virtual ~ProcessControl() = default;
-  /// Starts a worker as the leader of a new process group. Returns its pid, or nullopt with
-  /// `error` naming the failing call (exec errors included).
-  virtual std::optional<pid_t> spawn(const SpawnRequest& request, std::string* error) = 0;
+  /// Starts a worker as the leader of a new process group. Returns its pid, or an error naming
+  /// the failing call (exec errors included).
+  virtual Expected<pid_t> spawn(const SpawnRequest& request) = 0;
   /// Sends `signal` to the whole process group led by `pgid`.
   virtual void signal_group(pid_t pgid, int signal) = 0;
   /// Sends `signal` to the process `pid` alone, not its group: faulthandler's SIGABRT is for the
@@ -66,7 +68,7 @@ class PosixProcessControl final : public ProcessControl {
   ~PosixProcessControl() override;
   PosixProcessControl(const PosixProcessControl&) = delete;
   PosixProcessControl& operator=(const PosixProcessControl&) = delete;
-  std::optional<pid_t> spawn(const SpawnRequest& request, std::string* error) override;
+  Expected<pid_t> spawn(const SpawnRequest& request) override;
   void signal_group(pid_t pgid, int signal) override;
   void signal_process(pid_t pid, int signal) override;
   void signal_orphans(int signal) override;

@@ -132,12 +132,10 @@ void StackDumper::Dump::start(const StackDumpTool& tool) {
     note("no stack dumper found (install gdb or py-spy)");
     return finish_later();
   }
-  std::string error;
   auto pid = control.spawn({tool.argv(request.pid), launcher_environment(), {}, output.get(),
-                            output.get()},
-                           &error);
+                            output.get()});
   if (!pid) {
-    note("# mcprun: cannot start " + tool_name + ": " + error);
+    note("# mcprun: cannot start " + tool_name + ": " + pid.error().message);
     return finish_later();
   }
   dumper = *pid;

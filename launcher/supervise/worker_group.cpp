@@ -246,12 +246,11 @@ void WorkerGroup::spawn_workers(int restart_count, AttemptResult& result) {
     SpawnRequest request{plan_.argv, merge_environment(inherited_, delta),
                          worker.slot->cpus, worker.output->child_stdout(),
                          worker.output->child_stderr()};
-    std::string error;
-    auto pid = control_.spawn(request, &error);
+    auto pid = control_.spawn(request);
     worker.output->close_child_ends();
     if (!pid) {
       result.end = AttemptResult::End::kSpawnFailed;
-      result.spawn_error = error;
+      result.spawn_error = pid.error().message;
       break;
     }
     worker.pid = *pid;
