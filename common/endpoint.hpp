@@ -32,6 +32,9 @@ struct EndpointRules {
 /// A peer to connect to: over TCP, or on this host over a unix socket (a rendezvousd).
 inline constexpr EndpointRules kConnectRules{
     .allow_unix = true, .allow_port_zero = false, .default_port = std::nullopt};
+/// A c10d rendezvous endpoint: torch's c10d backend gives a bare HOST port 29400.
+inline constexpr EndpointRules kC10dRules{
+    .allow_unix = true, .allow_port_zero = false, .default_port = 29400};
 /// An address to listen on, where port 0 asks the kernel for any free port.
 inline constexpr EndpointRules kListenRules{
     .allow_unix = false, .allow_port_zero = true, .default_port = std::nullopt};

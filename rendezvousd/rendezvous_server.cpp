@@ -232,10 +232,12 @@ struct JoinRequest {
   RoundSettings round;
 };
 
-/// Authenticates a parsed join and turns it into the round's terms; a one-line reason when
-/// refused.
-Expected<JoinRequest> join_request(const JoinMessage& message, const std::string& peer_address,
+/// Authenticates a parsed join (or rejoin: it carries its assignment) on a connection that has
+/// joined nothing yet, and turns it into the round's terms; a one-line reason when refused.
+Expected<JoinRequest> join_request(const AgentSession& session, const JoinMessage& message,
                                    const ServerSettings& settings) {
+  if (!session.job_id.empty())
+    return Error{message.assignment ? "'rejoin' on a joined connection" : "second 'join' on one connection"};
   if (!settings.token.empty() && !tokens_equal(message.token, settings.token))
     return Error{"authentication failed: wrong or missing token"};
   JoinRequest request;
@@ -247,7 +249,7 @@ Expected<JoinRequest> join_request(const JoinMessage& message, const std::string
   node.nproc = message.nproc;
   node.master_port = message.master_port;
   node.requested_rank = message.node_rank;
-  node.addr = message.addr.empty() ? peer_address : message.addr;
+  node.addr = message.addr.empty() ? session.peer_address() : message.addr;
   node.labels = message.labels;
   node.gpu_count = message.gpu_count;
   round.min_nodes = message.min_nodes;
@@ -262,8 +264,7 @@ Expected<JoinRequest> join_request(const JoinMessage& message, const std::string
 
 void RendezvousServer::handle_join(const std::shared_ptr<AgentSession>& session,
                                    const JoinMessage& message) {
-  if (!session->job_id.empty()) return session->refuse("second 'join' on one connection");
-  auto parsed = join_request(message, session->peer_address(), settings_);
+  auto parsed = join_request(*session, message, settings_);
   if (!parsed) return session->refuse(parsed.error().message);
   auto& [job_id, node, round] = *parsed;
 
@@ -316,8 +317,7 @@ void RendezvousServer::schedule_progress(const std::string& job_id) {
 
 void RendezvousServer::handle_rejoin(const std::shared_ptr<AgentSession>& session,
                                      const JoinMessage& message) {
-  if (!session->job_id.empty()) return session->refuse("'rejoin' on a joined connection");
-  auto parsed = join_request(message, session->peer_address(), settings_);
+  auto parsed = join_request(*session, message, settings_);
   if (!parsed) return session->refuse(parsed.error().message);
   auto& [job_id, node, round] = *parsed;
   const int world_size = message.assignment->world_size;

@@ -199,6 +199,20 @@ TEST(LaunchConfig, StaticRdzvEndpointIsTheMaster) {
   EXPECT_EQ(c10d.rdzv_endpoint, "node0:29400");
 }
 
+TEST(LaunchConfig, C10dEndpointWithoutPortIsTorchrunsDefault29400) {
+  // torch's c10d backend: parse_rendezvous_endpoint(endpoint, default_port=29400).
+  for (const auto& [given, meant] : std::vector<std::pair<std::string, std::string>>{
+           {"node0", "node0:29400"}, {"[fd00::1]", "[fd00::1]:29400"},
+           {"node0:29555", "node0:29555"}, {"unix:/run/r.sock", "unix:/run/r.sock"}}) {
+    LaunchConfig config = parse_ok({"--rdzv-backend", "c10d", "--rdzv-endpoint", given,
+                                    "--nnodes", "2", "t.py"});
+    EXPECT_EQ(config.rdzv_endpoint, meant) << given;
+  }
+  EXPECT_NE(parse_error({"--rdzv-backend", "c10d", "--rdzv-endpoint", "node0:x", "--nnodes", "2",
+                         "t.py"}).find("--rdzv-endpoint 'node0:x'"),
+            std::string::npos);
+}
+
 TEST(LaunchConfig, SignalsToHandle) {
   EXPECT_EQ(parse_ok({"t.py"}).signals_to_handle, (std::set<int>{SIGTERM, SIGINT, SIGHUP, SIGQUIT}));
   LaunchConfig slurm = parse_ok({"--signals-to-handle", "SIGTERM,SIGINT,SIGUSR1,SIGUSR2", "t.py"});

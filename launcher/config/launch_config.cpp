@@ -338,8 +338,9 @@ void add_job_shape_flags(CLI::App& app, LaunchConfig& config, FlagTexts& texts) 
   flag("standalone", config.standalone, "Single-node job with a private store on a free port");
   add("rdzv-backend", config.rdzv_backend, "Rendezvous backend: static or c10d (one node: local)");
   add("rdzv-endpoint", config.rdzv_endpoint,
-      "Rendezvous endpoint HOST:PORT ([IPV6]:PORT); with the static backend it is the master's "
-      "address and port, and beats --master-addr/--master-port");
+      "Rendezvous endpoint HOST:PORT ([IPV6]:PORT; c10d: a bare HOST is HOST:29400, as in "
+      "torchrun); with the static backend it is the master's address and port, and beats "
+      "--master-addr/--master-port");
   add("rdzv-id", config.rdzv_id, "Job id, exported as TORCHELASTIC_RUN_ID");
   add("rdzv-conf", config.rdzv_conf,
       "Rendezvous options key=value,... (outer quotes are stripped): join_timeout (default 120 s), "
@@ -462,9 +463,9 @@ void add_diagnosis_flags(CLI::App& app, LaunchConfig& config, FlagTexts& texts) 
   const TorchrunOption add(app);
   const TorchrunFlag flag(app);
   add("init-timeout", config.stall.init_timeout,
-                 "Seconds for every rank to pass init_process_group's barrier, from the start of "
-                 "each attempt (or from the first rank's arrival at the store, if none came by "
-                 "then); a rank missing then is a stall (exit 3). 0: off")
+                 "Seconds for every rank to pass init_process_group's barrier, from the first "
+                 "rank's arrival at the job store in each attempt; a rank missing then is a stall "
+                 "(exit 3). 0: off")
       ->check(CLI::NonNegativeNumber);
   add("heartbeat-timeout", config.stall.heartbeat_timeout,
                  "Seconds without mcprun.heartbeat() from a rank that has called it before; "
@@ -592,6 +593,16 @@ Expected<void> apply_node_counts(LaunchConfig& config) {
   if (config.uses_rendezvous() && config.rdzv_endpoint.empty())
     return Error{"--nnodes " + config.nnodes + " with --rdzv-backend " + config.rdzv_backend +
            " needs --rdzv-endpoint HOST:PORT"};
+  return {};
+}
+
+/// A c10d --rdzv-endpoint in full: torchrun's c10d backend reads a bare HOST as HOST:29400, so
+/// every later reader (client, embedded host, doctor) sees one form.
+Expected<void> complete_c10d_endpoint(LaunchConfig& config) {
+  if (config.rdzv_backend != "c10d" || config.rdzv_endpoint.empty()) return {};
+  auto endpoint = parse_endpoint(unquoted(config.rdzv_endpoint), kC10dRules);
+  if (!endpoint) return Error{"--rdzv-endpoint " + endpoint.error().message};
+  config.rdzv_endpoint = endpoint->text();
   return {};
 }
 
@@ -746,6 +757,7 @@ Expected<LaunchRequest> parse_arguments(const std::vector<std::string>& args, Jo
   };
   if (auto done = apply_slurm(config, current_environment(), set_by_user); !done) return done.error();
   if (auto done = apply_node_counts(config); !done) return done.error();
+  if (auto done = complete_c10d_endpoint(config); !done) return done.error();
   if (auto done = apply_rdzv_conf(config.rdzv_conf, config); !done) return done.error();
   if (auto done = apply_topology_labels(texts.labels, config); !done) return done.error();
   const bool static_master = endpoint_names_static_master(config);

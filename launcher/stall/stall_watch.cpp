@@ -65,10 +65,8 @@ void StallWatch::begin_attempt(int world_size, int master_port, StallHooks hooks
   master_port_ = master_port;
   hooks_ = std::move(hooks);
   attempt_start_ = Clock::now();
-  if (observed_store_ && settings_.init_timeout > 0) {
-    init_.emplace(world_size, settings_.torch_init_barrier);
-    arm_init_deadline();
-  }
+  // The init deadline is armed by the first rank to reach the store (on_store_event).
+  if (observed_store_ && settings_.init_timeout > 0) init_.emplace(world_size, settings_.torch_init_barrier);
   arm_activity_deadline();
 }
 
@@ -80,7 +78,7 @@ void StallWatch::arm_init_deadline() {
 }
 
 void StallWatch::end_attempt() {
-  armed_ = stalled_ = init_timed_from_first_arrival_ = false;
+  armed_ = stalled_ = false;
   init_.reset();
   init_deadline_.cancel();
   activity_deadline_.cancel();
@@ -100,11 +98,14 @@ void StallWatch::declare(StallNotice notice) {
 
 void StallWatch::on_store_event(const StoreEvent& event) {
   if (!init_ || init_->passed()) return;
+  const bool first_arrival = !init_->any_connected();
   init_->observe(event);
-  if (init_timed_from_first_arrival_ && init_->any_connected()) {
-    init_timed_from_first_arrival_ = false;
-    spdlog::info("a rank reached the job store; the world has --init-timeout {} from now to pass "
-                 "the init barrier", format_seconds(settings_.init_timeout));
+  // The world has --init-timeout from the first rank's arrival, however long it took to get
+  // there: importing torch on a loaded box, or a script that never uses env:// init, is no stall,
+  // and a rank arriving just after an early one still gets the whole timeout.
+  if (first_arrival && init_->any_connected()) {
+    spdlog::debug("rank traffic on the job store after {:.2f} s; the init barrier is due within "
+                  "--init-timeout {}", seconds_since(attempt_start_), format_seconds(settings_.init_timeout));
     arm_init_deadline();
   }
   if (init_->passed()) {
@@ -116,19 +117,10 @@ void StallWatch::on_store_event(const StoreEvent& event) {
 
 void StallWatch::on_init_deadline() {
   if (!init_ || init_->passed()) return;
-  if (!init_->any_connected()) {
-    // No rank reached the store: the script does not use env:// init, or is still importing on
-    // a slow node. Neither is evidence of a stall, so the deadline starts again at the first
-    // rank's arrival, if one ever comes.
-    spdlog::info("no rank connected to the job store within --init-timeout {}; timing the init "
-                 "barrier from the first rank's arrival", format_seconds(settings_.init_timeout));
-    init_timed_from_first_arrival_ = true;
-    return;
-  }
   StallNotice notice;
   notice.kind = StallNotice::Kind::kInit;
   notice.what = "the process group's init barrier was not passed within --init-timeout " +
-                format_seconds(settings_.init_timeout);
+                format_seconds(settings_.init_timeout) + " of the first rank's arrival";
   notice.arrived = init_->arrived();
   declare(std::move(notice));
 }

@@ -106,7 +106,6 @@ class StallWatch {
   StallHooks hooks_;
   std::optional<InitBarrierWatch> init_;
   /// No rank had reached the store by the first deadline: the next one counts from the first.
-  bool init_timed_from_first_arrival_ = false;
   boost::asio::steady_timer init_deadline_;
   boost::asio::steady_timer activity_deadline_;
   std::chrono::steady_clock::time_point attempt_start_;
