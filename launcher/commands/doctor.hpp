@@ -43,6 +43,8 @@ enum class CheckStatus { kOk, kWarn, kFail };
 
 /// "OK", "WARN" or "FAIL", as the report and --json spell it.
 const char* status_name(CheckStatus status);
+/// Whole seconds of a limit, for findings and --help: "3".
+std::string seconds_text(std::chrono::milliseconds limit);
 
 /// One finding of one check. A check with several findings (the environment, the GPUs) returns
 /// one result per finding, so each gets its own line and its own remedy.
