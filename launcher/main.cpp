@@ -69,13 +69,13 @@ int main(int argc, char** argv) {
     init_logging("mcprun", config.verbose);
     for (const auto& note : config.notes) spdlog::info("{}", note);
     RunSummary summary(config, host_name());
-    int code;
-    {
-      // Scoped to the launch: its end tells the group guardian that the launcher ended cleanly.
-      PosixProcessControl control;
-      code = Launch(config, summary, control).run();
-    }
-    summary.write(code);  // Every ending of launch(), for CI.
+    // Scoped to the launch: its end tells the group guardian that the launcher ended cleanly.
+    PosixProcessControl control;
+    Launch launch(config, summary, control);
+    const int code = launch.run();
+    // Every ending of the launch, for CI; written before the teardown, so that a SIGKILL soon
+    // after the workers are stopped (Slurm's, KillWait after its SIGTERM) cannot lose it.
+    summary.write(code);
     return code;
   } catch (const std::exception& error) {
     std::fprintf(stderr, "mcprun: fatal: %s\n", error.what());

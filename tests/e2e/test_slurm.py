@@ -413,7 +413,7 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
                         "workers outlived scancel")
         print(f"\nscancel until the job was gone: {time.monotonic() - cancelled:.1f} s", flush=True)
         for node in range(2):
-            self.assertTrue(wait_for(lambda: self.read(f"summary.{node}.json"), 5), self.read(f"node{node}.out"))
+            self.assertTrue(wait_for(lambda: self.read(f"summary.{node}.json"), 15), self.read(f"node{node}.out"))
             summary = json.loads(self.read(f"summary.{node}.json"))
             self.assertEqual(summary["result"], "cancelled", self.read(f"node{node}.out"))
             self.assertEqual(summary["exit_code"], 76, summary)
