@@ -41,7 +41,8 @@ class RunDirectory {
     std::filesystem::create_directories(parent, ec);
     std::string pattern = (parent / ("mcprun_" + config.rdzv_id + "_XXXXXX")).string();
     if (::mkdtemp(pattern.data()) == nullptr)
-      return Error{"cannot create a run folder under " + parent.string() + ": " + std::strerror(errno)};
+      return Error{"cannot create a run folder under " + parent.string() + ": " +
+                   std::strerror(errno)};
     const bool keep = !config.log_dir.empty() || streams_to_files || config.nccl_debug;
     if (keep) spdlog::info("logs of this run: {}", pattern);
     return std::unique_ptr<RunDirectory>(new RunDirectory(pattern, keep));
@@ -161,9 +162,9 @@ void add_supervision_env(RankPlan& plan, const std::filesystem::path& runtime_di
 /// The job store's listening socket on MASTER_PORT: the socket mcprun reserved when it holds
 /// that port, else a fresh bind (a --master-port the user chose). An IPv6 MASTER_ADDR
 /// (--rdzv-endpoint [::1]:PORT) gets a dual-stack IPv6 socket, so its workers can connect.
-Expected<boost::asio::ip::tcp::acceptor> store_acceptor(boost::asio::io_context& io,
-                                                        const std::string& master_addr, int port,
-                                                        std::optional<PortReservation>& reservation) {
+Expected<boost::asio::ip::tcp::acceptor> store_acceptor(
+    boost::asio::io_context& io, const std::string& master_addr, int port,
+    std::optional<PortReservation>& reservation) {
   namespace ip = boost::asio::ip;
   ip::tcp::acceptor acceptor(io);
   boost::system::error_code ec;
@@ -179,7 +180,8 @@ Expected<boost::asio::ip::tcp::acceptor> store_acceptor(boost::asio::io_context&
     if (!ec) acceptor.bind({protocol, static_cast<unsigned short>(port)}, ec);
   }
   if (!ec) acceptor.listen(ip::tcp::socket::max_listen_connections, ec);
-  if (ec) return Error{fmt::format("cannot serve the job store on MASTER_PORT {}: {}", port, ec.message())};
+  if (ec)
+    return Error{fmt::format("cannot serve the job store on MASTER_PORT {}: {}", port, ec.message())};
   return acceptor;
 }
 

@@ -237,7 +237,8 @@ struct JoinRequest {
 Expected<JoinRequest> join_request(const AgentSession& session, const JoinMessage& message,
                                    const ServerSettings& settings) {
   if (!session.job_id.empty())
-    return Error{message.assignment ? "'rejoin' on a joined connection" : "second 'join' on one connection"};
+    return Error{message.assignment ? "'rejoin' on a joined connection"
+                                    : "second 'join' on one connection"};
   if (!settings.token.empty() && !tokens_equal(message.token, settings.token))
     return Error{"authentication failed: wrong or missing token"};
   JoinRequest request;

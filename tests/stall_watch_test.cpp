@@ -54,7 +54,8 @@ class StallWatchTest : public ::testing::Test {
     }
     return *watch_;
   }
-  void store_event(StoreEvent::Kind kind, uint64_t connection, std::string key = "", int64_t value = 0) {
+  void store_event(StoreEvent::Kind kind, uint64_t connection, std::string key = "",
+                   int64_t value = 0) {
     watch().store_observer()(
         {kind, connection, {boost::asio::ip::make_address("127.0.0.1"),
                             static_cast<unsigned short>(40000 + connection)},

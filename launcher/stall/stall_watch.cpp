@@ -66,7 +66,8 @@ void StallWatch::begin_attempt(int world_size, int master_port, StallHooks hooks
   hooks_ = std::move(hooks);
   attempt_start_ = Clock::now();
   // The init deadline is armed by the first rank to reach the store (on_store_event).
-  if (observed_store_ && settings_.init_timeout > 0) init_.emplace(world_size, settings_.torch_init_barrier);
+  if (observed_store_ && settings_.init_timeout > 0)
+    init_.emplace(world_size, settings_.torch_init_barrier);
   arm_activity_deadline();
 }
 
@@ -105,7 +106,8 @@ void StallWatch::on_store_event(const StoreEvent& event) {
   // and a rank arriving just after an early one still gets the whole timeout.
   if (first_arrival && init_->any_connected()) {
     spdlog::debug("rank traffic on the job store after {:.2f} s; the init barrier is due within "
-                  "--init-timeout {}", seconds_since(attempt_start_), format_seconds(settings_.init_timeout));
+                  "--init-timeout {}",
+                  seconds_since(attempt_start_), format_seconds(settings_.init_timeout));
     arm_init_deadline();
   }
   if (init_->passed()) {
