@@ -10,6 +10,7 @@ packages=(
   python3 python3-torch  # Debian's torch 1.13: the example, the end-to-end tests, torchrun to compare
   python3-venv           # .venv: torch 2.13, its torchrun, and py-spy for stack dumps
   iproute2 procps
+  tmux                   # tests/e2e/test_terminal.py: what a person sees at a real terminal
   gdb                    # stack dumps on a stall where py-spy is missing; stack_dump_test runs it
   clang-14 libclang-rt-14-dev  # scripts/fuzz.sh: libFuzzer with ASan and UBSan
   slurm-wlm slurmctld slurmd slurm-client munge  # tests/e2e/test_slurm.py: a real controller and two nodes
@@ -33,10 +34,11 @@ fi
 venv="$(cd "$(dirname "$0")/.." && pwd)/.venv"
 torch2=2.13.0
 if [ "$("$venv/bin/python" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null)" = "$torch2" ] &&
-   [ -x "$venv/bin/py-spy" ]; then
-  echo "install-deps: $venv has torch $torch2 and py-spy"
+   [ -x "$venv/bin/py-spy" ] && "$venv/bin/python" -c 'import tqdm' 2>/dev/null; then
+  echo "install-deps: $venv has torch $torch2, py-spy and tqdm"
 else
-  echo "install-deps: creating $venv with torch $torch2 and py-spy"
+  echo "install-deps: creating $venv with torch $torch2, py-spy and tqdm"
   /usr/bin/python3 -m venv "$venv"
-  "$venv/bin/pip" install -q --disable-pip-version-check "torch==$torch2" numpy py-spy
+  # tqdm: the progress bar tests/e2e/test_terminal.py watches on a real terminal.
+  "$venv/bin/pip" install -q --disable-pip-version-check "torch==$torch2" numpy py-spy tqdm
 fi

@@ -1,6 +1,8 @@
 #include "launcher/supervise/output_relay.hpp"
 
 #include <fcntl.h>
+#include <pty.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include <boost/asio/buffer.hpp>
@@ -8,6 +10,8 @@
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
+
+#include "common/logging.hpp"
 
 namespace mcprun {
 namespace {
@@ -66,19 +70,76 @@ std::string console_prefix(const std::optional<std::string>& line_template, int 
   return prefix;
 }
 
+std::string printable_text(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    if (c == 0x1b && i + 1 < text.size()) {
+      const char kind = text[++i];
+      if (kind == '[') {  // CSI: parameters, then one final byte in @..~.
+        while (i + 1 < text.size() && !(text[i + 1] >= '@' && text[i + 1] <= '~')) ++i;
+        ++i;
+      } else if (kind == ']') {  // OSC (a window title, a link): up to BEL or ESC backslash.
+        while (i + 1 < text.size() && text[i + 1] != '\a' && text[i + 1] != 0x1b) ++i;
+        ++i;
+        if (i < text.size() && text[i] == 0x1b) ++i;
+      }
+      continue;
+    }
+    if (c >= 0x20 && c != 0x7f) out += static_cast<char>(c);
+    else if (c == '\t') out += ' ';
+  }
+  return out;
+}
+
+Console::Console(int fd) : fd_(fd), terminal_(::isatty(fd) == 1) {}
+
+std::optional<winsize> Console::window_size() const {
+  winsize size{};
+  if (!terminal_ || ::ioctl(fd_, TIOCGWINSZ, &size) != 0) return std::nullopt;
+  return size;
+}
+
+void Console::write_line(const void* source, std::string_view prefix, std::string_view text) {
+  // One write per line: lines of different ranks never interleave mid-line.
+  std::string line;
+  line.reserve(prefix.size() + text.size() + 2);
+  if (open_line_ && open_line_ != source) line += '\n';  // Another rank's progress line stays.
+  else if (open_line_ == source) line += '\r';            // The final state replaces ours.
+  line.append(prefix).append(text).push_back('\n');
+  open_line_ = nullptr;
+  write(line);
+}
+
+void Console::write_progress(const void* source, std::string_view prefix, std::string_view text) {
+  std::string update;
+  update.reserve(prefix.size() + text.size() + 2);
+  if (open_line_ && open_line_ != source) update += '\n';
+  update.append("\r").append(prefix).append(text);
+  open_line_ = source;
+  write(update);
+}
+
+void Console::end_progress(const void* source) {
+  if (open_line_ != source) return;  // Another rank's line already ended it.
+  open_line_ = nullptr;
+  write("\n");
+}
+
+void Console::write(std::string_view text) { write_all(fd_, text); }
+
 RankOutput::RankOutput(boost::asio::io_context& io, std::string prefix, StreamRoute out,
-                       StreamRoute err)
+                       StreamRoute err, Console& out_console, Console& err_console)
     : prefix_(std::move(prefix)) {
-  StreamRoute routes[2] = {std::move(out), std::move(err)};
+  streams_[0].route = std::move(out);
+  streams_[1].route = std::move(err);
+  streams_[0].console = &out_console;
+  streams_[1].console = &err_console;
   for (int i = 0; i < 2; ++i) {
-    int fds[2];
-    if (::pipe2(fds, O_CLOEXEC) != 0)
-      throw std::runtime_error(std::string("pipe2: ") + std::strerror(errno));
-    child_ends_[i].reset(fds[1]);
     Stream& stream = streams_[i];
-    stream.pipe = std::make_unique<boost::asio::posix::stream_descriptor>(io, fds[0]);
-    stream.route = std::move(routes[i]);
-    stream.console_fd = i == 0 ? STDOUT_FILENO : STDERR_FILENO;
+    stream.reader =
+        std::make_unique<boost::asio::posix::stream_descriptor>(io, open_stream(stream, i).release());
     if (!stream.route.log_file.empty()) {
       stream.log = std::fopen(stream.route.log_file.c_str(), "we");
       if (!stream.log)
@@ -86,6 +147,39 @@ RankOutput::RankOutput(boost::asio::io_context& io, std::string prefix, StreamRo
                                  std::strerror(errno));
     }
   }
+}
+
+UniqueFd RankOutput::open_stream(Stream& stream, int index) {
+  if (stream.route.to_console && stream.console->is_terminal()) {
+    int master = -1, slave = -1;
+    winsize size = stream.console->window_size().value_or(winsize{24, 80, 0, 0});
+    if (::openpty(&master, &slave, nullptr, nullptr, &size) == 0) {
+      UniqueFd reader(master);
+      child_ends_[index].reset(slave);
+      // Raw: the worker's bytes pass as written ("\n" stays "\n"), and nothing echoes.
+      termios mode{};
+      ::tcgetattr(slave, &mode);
+      ::cfmakeraw(&mode);
+      ::tcsetattr(slave, TCSANOW, &mode);
+      ::fcntl(master, F_SETFD, FD_CLOEXEC);
+      ::fcntl(slave, F_SETFD, FD_CLOEXEC);
+      stream.terminal = true;
+      return reader;
+    }
+    // Out of pseudo-terminals (kernel.pty.max): this rank gets a pipe, as without a terminal.
+    spdlog::debug("openpty: {}; rank output goes through a pipe", std::strerror(errno));
+  }
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0)
+    throw std::runtime_error(std::string("pipe2: ") + std::strerror(errno));
+  child_ends_[index].reset(fds[1]);
+  return UniqueFd(fds[0]);
+}
+
+void RankOutput::resize(const winsize& size) {
+  for (Stream& stream : streams_)
+    if (stream.terminal && stream.reader->is_open())
+      ::ioctl(stream.reader->native_handle(), TIOCSWINSZ, &size);
 }
 
 void RankOutput::close_child_ends() {
@@ -100,50 +194,70 @@ void RankOutput::start() {
 }
 
 void RankOutput::read_more(Stream& stream) {
-  stream.pipe->async_read_some(
+  stream.reader->async_read_some(
       boost::asio::buffer(stream.buffer), [this, &stream](boost::system::error_code ec, size_t n) {
-        if (ec) {  // EOF, or the pipe was closed by finish().
+        // EOF; EIO from a pseudo-terminal once the worker closed it; or closed by finish().
+        if (ec) {
           if (ec != boost::asio::error::operation_aborted) close_stream(stream);
           return;
         }
         std::string_view chunk(stream.buffer.data(), n);
         if (stream.log) std::fwrite(chunk.data(), 1, chunk.size(), stream.log);
-        for (size_t newline; (newline = chunk.find('\n')) != std::string_view::npos;) {
-          stream.partial.append(chunk.substr(0, newline));
-          emit_line(stream, stream.partial);
-          stream.partial.clear();
-          chunk.remove_prefix(newline + 1);
-        }
-        stream.partial.append(chunk);
+        relay(stream, chunk);
         read_more(stream);
       });
 }
 
-void RankOutput::emit_line(Stream& stream, std::string_view line) {
+void RankOutput::relay(Stream& stream, std::string_view chunk) {
+  for (size_t end; (end = chunk.find_first_of("\r\n")) != std::string_view::npos;) {
+    stream.partial.append(chunk.substr(0, end));
+    if (chunk[end] == '\n') {
+      end_line(stream);
+    } else {  // "text\r": text is an update; "\rtext" (tqdm) shows at the chunk's end below.
+      show_progress(stream);
+      stream.partial.clear();
+      stream.carriage = true;
+    }
+    chunk.remove_prefix(end + 1);
+  }
+  stream.partial.append(chunk);
+  // A progress line's latest state is shown now, not when its line ends; a plain partial line
+  // waits for its newline, so that lines never interleave mid-line.
+  if (stream.carriage) show_progress(stream);
+}
+
+void RankOutput::show_progress(Stream& stream) {
+  if (stream.partial.empty() || stream.partial == stream.shown) return;
+  last_output_ = std::chrono::steady_clock::now();
+  stream.shown = stream.partial;
+  const bool copied = stderr_copy_ && &stream == &streams_[1];
+  if (stream.route.to_console && !copied) stream.console->write_progress(&stream, prefix_, stream.shown);
+}
+
+void RankOutput::end_line(Stream& stream) {
+  const bool bare_end = stream.carriage && stream.partial.empty();  // "...\r\n": shown stays.
+  const std::string line = bare_end ? stream.shown : stream.partial;
+  stream.partial.clear();
+  stream.shown.clear();
+  stream.carriage = false;
+  last_output_ = std::chrono::steady_clock::now();
   if (stderr_copy_ && &stream == &streams_[1]) {
     stderr_copy_->emplace_back(line);  // The stack dump file has it; the console has the report.
     return;
   }
   if (stream.route.to_console) {
-    // One write per line: lines of different ranks never interleave mid-line.
-    std::string text;
-    text.reserve(prefix_.size() + line.size() + 1);
-    text.append(prefix_).append(line).push_back('\n');
-    write_all(stream.console_fd, text);
+    if (bare_end) stream.console->end_progress(&stream);
+    else stream.console->write_line(&stream, prefix_, line);
   }
-  last_output_ = std::chrono::steady_clock::now();
-  tail_.emplace_back(line);
+  tail_.push_back(printable_text(line));
   if (tail_.size() > kTailLines) tail_.pop_front();
 }
 
 void RankOutput::close_stream(Stream& stream) {
-  if (!stream.pipe->is_open()) return;
-  if (!stream.partial.empty()) {
-    emit_line(stream, stream.partial);
-    stream.partial.clear();
-  }
+  if (!stream.reader->is_open()) return;
+  if (!stream.partial.empty() || !stream.shown.empty()) end_line(stream);
   boost::system::error_code ignored;
-  stream.pipe->close(ignored);
+  stream.reader->close(ignored);
   if (stream.log) {
     std::fclose(stream.log);
     stream.log = nullptr;

@@ -1,7 +1,10 @@
-// Relays each worker's stdout/stderr: whole lines, prefixed "[rankN]:" (or as
-// TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE says) on the console, copied to per-rank log files, with a
-// short tail kept for the failure report.
+// Relays each worker's stdout/stderr: whole lines and "\r" progress updates, prefixed "[rankN]:"
+// (or as TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE says) on the console, copied byte for byte to
+// per-rank log files, with a short tail kept for the failure report. Where mcprun's own stream is
+// a terminal, the worker's is a pseudo-terminal of its own, as it would be under a plain shell.
 #pragma once
+
+#include <sys/ioctl.h>
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
@@ -14,6 +17,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/unique_fd.hpp"
@@ -29,33 +33,68 @@ inline constexpr size_t kTailLines = 20;
 std::string console_prefix(const std::optional<std::string>& line_template, int rank,
                            int local_rank, const std::string& role_name, bool several_ranks);
 
+/// `text` without terminal control sequences (colours, cursor moves) or other control bytes but
+/// tabs: what a report or a JSON summary may quote of a worker's output.
+std::string printable_text(std::string_view text);
+
+/// One of mcprun's own output streams, shared by every rank's relay. It remembers whose progress
+/// line the cursor sits on, so that another rank's line starts on a line of its own and one
+/// rank's "\r" updates never break another's lines.
+class Console {
+ public:
+  explicit Console(int fd);
+  bool is_terminal() const { return terminal_; }
+  /// The terminal's size; nullopt when the stream is no terminal.
+  std::optional<winsize> window_size() const;
+  /// A whole line of `source`'s, in one write; it replaces `source`'s open progress line.
+  void write_line(const void* source, std::string_view prefix, std::string_view text);
+  /// A progress update: rewrites `source`'s open line in place ("\r"), the cursor left after it.
+  void write_progress(const void* source, std::string_view prefix, std::string_view text);
+  /// `source` ended its progress line with a bare newline: the update shown stays as a line.
+  void end_progress(const void* source);
+
+ private:
+  void write(std::string_view text);
+
+  int fd_;
+  bool terminal_;
+  const void* open_line_ = nullptr;  ///< Whose progress line the cursor ends, or nullptr.
+};
+
 /// Where one stream of one rank goes.
 struct StreamRoute {
   bool to_console = true;
   std::filesystem::path log_file;  ///< Empty: no log file.
 };
 
-/// Reads one worker's two pipes on the event loop.
+/// Reads one worker's two output streams on the event loop.
 class RankOutput {
  public:
-  /// Creates the pipes; `child_stdout()`/`child_stderr()` are the ends to hand to spawn.
-  RankOutput(boost::asio::io_context& io, std::string prefix, StreamRoute out, StreamRoute err);
+  /// Creates a pipe per stream, or a pseudo-terminal where the stream goes to a console that is
+  /// a terminal; `child_stdout()`/`child_stderr()` are the ends to hand to spawn.
+  RankOutput(boost::asio::io_context& io, std::string prefix, StreamRoute out, StreamRoute err,
+             Console& out_console, Console& err_console);
   ~RankOutput() { finish(); }
   RankOutput(const RankOutput&) = delete;
   RankOutput& operator=(const RankOutput&) = delete;
 
   int child_stdout() const { return child_ends_[0].get(); }
   int child_stderr() const { return child_ends_[1].get(); }
+  /// Whether either stream is a pseudo-terminal, which a window size change concerns.
+  bool on_terminal() const { return streams_[0].terminal || streams_[1].terminal; }
+  /// Gives each pseudo-terminal the console's new window size.
+  void resize(const winsize& size);
   /// Closes our copies of the child's ends (after spawn), so EOF arrives when the child exits.
   void close_child_ends();
-  /// Starts reading both pipes.
+  /// Starts reading both streams.
   void start();
-  /// Both pipes reached EOF.
+  /// Both streams reached EOF.
   bool drained() const { return open_streams_ == 0; }
   /// Flushes partial lines and stops reading (used when a drain deadline passes).
   void finish();
+  /// The last lines, without control sequences.
   const std::deque<std::string>& tail() const { return tail_; }
-  /// When the rank last printed a whole line (or started, before its first line).
+  /// When the rank last printed a line or a progress update (or started, before that).
   std::chrono::steady_clock::time_point last_output() const { return last_output_; }
   /// From now on, stderr lines go to `sink` (and the log file) instead of the console (nullptr
   /// stops): how the stall path keeps the Python tracebacks faulthandler prints.
@@ -63,15 +102,22 @@ class RankOutput {
 
  private:
   struct Stream {
-    std::unique_ptr<boost::asio::posix::stream_descriptor> pipe;
+    std::unique_ptr<boost::asio::posix::stream_descriptor> reader;
     StreamRoute route;
+    Console* console = nullptr;
+    bool terminal = false;       ///< The reader is a pseudo-terminal's master.
     std::FILE* log = nullptr;
-    std::string partial;
+    std::string partial;         ///< The line's text since its last "\r" or its start.
+    std::string shown;           ///< The progress update last written for this line.
+    bool carriage = false;       ///< The line has had a "\r": it is a progress line.
     std::array<char, 16384> buffer;
-    int console_fd;
   };
+  /// The stream's reading end; its writing end goes to child_ends_[index].
+  UniqueFd open_stream(Stream& stream, int index);
   void read_more(Stream& stream);
-  void emit_line(Stream& stream, std::string_view line);
+  void relay(Stream& stream, std::string_view chunk);
+  void show_progress(Stream& stream);
+  void end_line(Stream& stream);
   void close_stream(Stream& stream);
 
   std::string prefix_;

@@ -46,6 +46,7 @@ WorkerGroup::WorkerGroup(boost::asio::io_context& io, ProcessControl& control,
   for (int signal : config.signals_to_handle) signals_.add(signal);
   for (int signal : {SIGUSR1, SIGUSR2})
     if (!config.signals_to_handle.contains(signal)) signals_.add(signal);
+  if (stdout_console_.is_terminal() || stderr_console_.is_terminal()) signals_.add(SIGWINCH);
   wait_for_signals();
   // A control without SIGCHLD (a test's fake) says when a process ended; the reap runs on the loop.
   control_.set_exit_listener([this, alive = std::weak_ptr<bool>(alive_)] {
@@ -67,6 +68,7 @@ void WorkerGroup::wait_for_signals() {
 
 void WorkerGroup::on_signal(int signal) {
   if (signal == SIGCHLD) return on_child_exits();
+  if (signal == SIGWINCH) return on_window_change();
   if (forwarded_only(signal)) {  // SIGUSR1/2: the workers' business (a checkpoint), not ours.
     spdlog::info("received {}, forwarding it to every worker", signal_name(signal));
     signal_all(signal);
@@ -103,6 +105,17 @@ void WorkerGroup::on_child_exits() {
         if (failure_listener_) failure_listener_(worker.outcome);
       }
     }
+  }
+}
+
+void WorkerGroup::on_window_change() {
+  auto size = stdout_console_.window_size();
+  if (!size) size = stderr_console_.window_size();
+  if (!size) return;
+  for (const Worker& worker : workers_) {
+    if (!worker.output->on_terminal()) continue;
+    worker.output->resize(*size);
+    if (worker.running) control_.signal_group(worker.pid, SIGWINCH);
   }
 }
 
@@ -229,7 +242,7 @@ void WorkerGroup::prepare_workers(const AttemptFiles& files) {
     worker.output = std::make_unique<RankOutput>(
         io_, console_prefix(config_.log_line_prefix_template, slot.identity.rank, local_rank,
                             plan_.job.role, several_ranks),
-        out, err);
+        out, err, stdout_console_, stderr_console_);
     worker.outcome.rank = slot.identity.rank;
     worker.outcome.local_rank = local_rank;
     worker.outcome.error_file = worker_error_file(rank_dir);

@@ -2,6 +2,8 @@
 // stops the whole group (SIGTERM, grace, SIGKILL, reap everything) on the first failure.
 #pragma once
 
+#include <unistd.h>
+
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
 
@@ -103,6 +105,8 @@ class WorkerGroup {
 
   void wait_for_signals();
   void on_signal(int signal);
+  /// The terminal was resized: every rank's pseudo-terminals follow, and their groups hear it.
+  void on_window_change();
   void on_child_exits();
   /// Soft signal to every group (unless already delivered), grace period, SIGKILL, reap all.
   void stop_all(int soft_signal, bool already_delivered);
@@ -119,7 +123,10 @@ class WorkerGroup {
   const LaunchConfig& config_;
   const Environment& inherited_;
   boost::asio::signal_set signals_;
+  Console stdout_console_{STDOUT_FILENO};
+  Console stderr_console_{STDERR_FILENO};
   std::vector<Worker> workers_;
+  std::filesystem::path attempt_dir_;
   std::optional<size_t> first_failure_;
   int interrupt_signal_ = 0;
   bool stopping_ = false;
