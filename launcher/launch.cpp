@@ -150,8 +150,9 @@ std::optional<std::filesystem::path> python_helper_dir() {
 /// What supervision adds for every worker: the watchdogs' files under `runtime_dir` and the
 /// helper module on PYTHONPATH. A run and --dry-run both add them here.
 void add_supervision_env(RankPlan& plan, const std::filesystem::path& runtime_dir,
-                         const Environment& inherited) {
-  for (auto& [name, value] : StallWatch::worker_env(runtime_dir)) plan.extra_env[name] = value;
+                         const LaunchConfig& config, const Environment& inherited) {
+  for (auto& [name, value] : StallWatch::worker_env(runtime_dir, config.stall))
+    plan.extra_env[name] = value;
   if (auto helper = python_helper_dir()) {
     auto inherited_path = inherited.find("PYTHONPATH");
     plan.extra_env["PYTHONPATH"] =
@@ -292,7 +293,7 @@ std::optional<int> Launch::plan_ranks(std::vector<GpuDevice> gpus) {
   plan_ = std::move(*planned);
   for (const auto& warning : plan_->warnings) spdlog::warn("{}", warning);
   if (config_.dry_run) {  // What the workers would get, with the run's folder still unmade.
-    add_supervision_env(*plan_, kDryRunDir, inherited_);
+    add_supervision_env(*plan_, kDryRunDir, config_, inherited_);
     std::cout << format_rank_plan(*plan_, inherited_);
     return kExitSuccess;
   }
@@ -337,7 +338,7 @@ std::optional<int> Launch::prepare_supervision() {
                  "publish its process-group address instead", torch_keys::kInitBarrierSwitch);
   }
   watch_ = std::make_unique<StallWatch>(io_, stall, host_, run_dir_->runtime_dir());
-  add_supervision_env(*plan_, run_dir_->runtime_dir(), inherited_);
+  add_supervision_env(*plan_, run_dir_->runtime_dir(), config_, inherited_);
   group_ = std::make_unique<WorkerGroup>(io_, control_, *plan_, config_, inherited_);
   // --timeout: one deadline for the whole job, across rounds and restarts.
   if (config_.job_timeout > 0) {
@@ -457,6 +458,9 @@ StallHooks Launch::stall_hooks() {
   StallHooks hooks;
   hooks.on_stall = [this](const StallNotice& notice) {
     spdlog::error("stall: {}", notice.what);
+    // Every rank's reporter, on every node, hears it through the store and dumps its recorder.
+    if (notice.kind == StallNotice::Kind::kCollective && store_)
+      store_->set(kFlightRecorderDumpKey, "1");
     if (rendezvous_) {
       nlohmann::json message = to_json(notice);
       message["type"] = "stall";

@@ -289,6 +289,7 @@ struct FlagTexts {
   std::string logs_specs;
   std::string stdout_filters, stderr_filters;
   std::string job_file_path;
+  std::string collective_timeout = "180";
   bool no_stack_dumps = false;
 };
 
@@ -467,6 +468,17 @@ void add_diagnosis_flags(CLI::App& app, LaunchConfig& config, FlagTexts& texts) 
                  "rank's arrival at the job store in each attempt; a rank missing then is a stall "
                  "(exit 3). 0: off")
       ->check(CLI::NonNegativeNumber);
+  add("collective-timeout", texts.collective_timeout,
+      "Seconds with a collective or barrier pending and no progress anywhere in the job: no "
+      "collective completes on any rank and no rank outside one is busy. Then it is a stall "
+      "(exit 3), reported with the collective and the ranks missing from it. off: no watchdog")
+      ->check([](const std::string& text) -> std::string {
+        if (text == "off") return "";
+        char* end = nullptr;
+        const double seconds = std::strtod(text.c_str(), &end);
+        return !text.empty() && *end == '\0' && seconds > 0 ? "" : "expected seconds > 0 or off";
+      })
+      ->type_name("S|off");
   add("heartbeat-timeout", config.stall.heartbeat_timeout,
                  "Seconds without mcprun.heartbeat() from a rank that has called it before; "
                  "longer is a stall. Ranks that never call it are not watched. 0: off")
@@ -748,6 +760,8 @@ Expected<LaunchRequest> parse_arguments(const std::vector<std::string>& args, Jo
   if (auto ended = parse_command_line(app, args, texts.job_file_path, job)) return *ended;
   if (auto done = take_script(app, job, config); !done) return done.error();
   config.stack_dumps = !texts.no_stack_dumps;
+  config.stall.collective_timeout =
+      texts.collective_timeout == "off" ? 0 : std::stod(texts.collective_timeout);
   if (auto done = apply_worker_texts(texts, config); !done) return done.error();
 
   // Under srun: what the step says, wherever the user set nothing (see launcher/config/slurm.hpp).

@@ -19,6 +19,9 @@ struct StallSettings {
   double init_timeout = 120;      ///< --init-timeout: the whole world past the init barrier.
   double heartbeat_timeout = 300; ///< --heartbeat-timeout: for ranks that called heartbeat().
   double silence_timeout = 0;     ///< --silence-timeout: no output for this long; 0 = off.
+  /// --collective-timeout: no collective completes and no rank outside one is busy, while one is
+  /// pending, for this long; 0 = off ("off" on the command line). docs/stalls.md says why 180.
+  double collective_timeout = 180;
   /// TORCH_DIST_INIT_BARRIER is not "0", so torch runs its store barrier at init.
   bool torch_init_barrier = true;
 };
@@ -72,7 +75,7 @@ struct LaunchConfig {
   double job_timeout = 0;               ///< --timeout: wall-clock limit for the whole job; 0 = none.
   double gpu_wait = 0;                  ///< --gpu-wait: how long to wait for a GPU lease; 0 = fail at once.
   bool nccl_debug = false;              ///< --nccl-debug: NCCL/torch distributed debug logging.
-  StallSettings stall;                  ///< --init-timeout, --heartbeat-timeout, --silence-timeout.
+  StallSettings stall;                  ///< --init-timeout, --collective-timeout, ... .
   bool stack_dumps = true;              ///< On a stall, dump stacks before stopping (--no-stack-dumps).
   bool dry_run = false;
   bool no_pin = false;

@@ -234,6 +234,8 @@ Environment worker_spawn_delta(const RankPlan& plan, const RankSlot& slot, int r
   delta.insert(plan.extra_env.begin(), plan.extra_env.end());
   if (plan.nccl_log_files && !inherited.contains("NCCL_DEBUG_FILE"))
     delta["NCCL_DEBUG_FILE"] = nccl_log_pattern(rank_dir);
+  if (plan.extra_env.contains("MCPRUN_COLLECTIVE_WATCH") && !inherited.contains("TORCH_FR_DUMP_TEMP_FILE"))
+    delta["TORCH_FR_DUMP_TEMP_FILE"] = flight_recorder_prefix(rank_dir.parent_path()).string();
   return delta;
 }
 

@@ -56,6 +56,13 @@ void set_socket_interface(RankPlan& plan, const std::string& interface, const En
 Expected<RankPlan> build_rank_plan(const LaunchConfig& config, std::vector<GpuDevice> discovered,
                                    const Environment& inherited, int master_port);
 
+/// Where each rank's Flight Recorder dump goes on a collective stall: one folder per attempt
+/// holding only "rank_<R>" files, the layout torch's fr_trace.py reads (TORCH_FR_DUMP_TEMP_FILE
+/// is this prefix, as torch's own dumps use it).
+inline std::filesystem::path flight_recorder_prefix(const std::filesystem::path& attempt_dir) {
+  return attempt_dir / "flight_recorder" / "rank_";
+}
+
 /// Where --nccl-debug has NCCL write a rank's log (NCCL expands %h to the host, %p to the pid).
 inline std::string nccl_log_pattern(const std::filesystem::path& rank_dir) {
   return (rank_dir / "nccl.%h.%p.log").string();

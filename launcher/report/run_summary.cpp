@@ -299,6 +299,11 @@ nlohmann::ordered_json RunSummary::format_json(int exit_code) const {
       {"host", host_},
       {"rdzv_id", rdzv_id_},
       {"mcprun_version", mcprun_version()},
+      // What stalled, as every node heard it: for a collective, its group, op, sequence number,
+      // backend, age, and where each rank was.
+      {"stall", last_ && last_->stall && ending.result == "stalled"
+                    ? nlohmann::ordered_json::parse(to_json(*last_->stall).dump())
+                    : nlohmann::ordered_json(nullptr)},
       {"ranks", std::move(ranks)}};
 }
 

@@ -11,12 +11,33 @@
 namespace mcprun {
 namespace {
 
-constexpr const char* kKindNames[] = {"init", "barrier", "timer", "heartbeat", "silence"};
+/// The state column's width; a longer state puts the last output on the next line.
+constexpr size_t kStateColumn = 38;
+
+constexpr const char* kKindNames[] = {"init",      "barrier", "timer",
+                                      "heartbeat", "silence", "collective"};
 
 /// "0-3,5": ranks as a compact list.
 std::string rank_list(std::vector<int> ranks) {
   std::sort(ranks.begin(), ranks.end());
   return ranks.empty() ? "none" : format_cpulist(ranks);
+}
+
+/// The collective stall's own lines: the call, who is in it, who is not, and what to try.
+std::string collective_summary(const CollectiveStall& stall) {
+  std::string text = fmt::format("\n  collective: {}, pending {:.0f} s; in it: {}; not in it: {}",
+                                 describe(stall.collective), stall.collective.pending_s,
+                                 rank_list(stall.in), rank_list(stall.missing));
+  if (stall.mismatch)
+    text += "\n  MISMATCH: ranks called different collectives (see each rank's state below)";
+  if (stall.missing.empty())
+    text += "\n  every member is in it and it never completes: on GPUs, NCCL's communicator or "
+            "transport (the wrong interface: NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME; broken P2P: "
+            "NCCL_P2P_DISABLE=1; a small /dev/shm). Run `mcprun doctor` on each node";
+  if (stall.source == "stack")
+    text += "\n  (torch 1.x has no Flight Recorder: collectives are seen in Python stacks, and "
+            "one that DDP issues from C++ shows as the caller's frame, such as backward())";
+  return text;
 }
 
 }  // namespace
@@ -28,6 +49,7 @@ nlohmann::json to_json(const StallNotice& notice) {
   if (!notice.barrier.empty()) json["barrier"] = notice.barrier;
   if (notice.rank) json["rank"] = *notice.rank;
   if (!notice.arrived.empty()) json["arrived"] = notice.arrived;
+  if (notice.collective) json["collective"] = to_json(*notice.collective);
   return json;
 }
 
@@ -42,6 +64,7 @@ StallNotice stall_notice_from_json(const nlohmann::json& json) {
   notice.barrier = json.value("barrier", std::string());
   if (json.contains("rank")) notice.rank = json.at("rank").get<int>();
   notice.arrived = json.value("arrived", PeerPorts{});
+  if (json.contains("collective")) notice.collective = collective_stall_from_json(json.at("collective"));
   return notice;
 }
 
@@ -81,6 +104,7 @@ std::string format_stall_report(const StallNotice& notice, std::vector<RankProgr
   out << "\n  arrived: " << arrived.size() << " of " << world_size << " ranks (" << rank_list(arrived)
       << ")\n  missing: " << rank_list(missing);
   if (unreported > 0) out << "; " << unreported << " rank(s) on nodes that sent no report";
+  if (notice.collective) out << collective_summary(*notice.collective);
   out << "\n" << std::string(72, '-') << "\n";
   out << fmt::format("  {:<5} {:<24} {:<8} {:<38} {}\n", "rank", "host:local", "pid", "state",
                      "last output");
@@ -89,10 +113,13 @@ std::string format_stall_report(const StallNotice& notice, std::vector<RankProgr
     if (rank.last_line_age_s >= 0)
       last = fmt::format("{:.1f} s ago: {}", rank.last_line_age_s,
                          rank.last_line.substr(0, 120));
-    out << fmt::format("  {:<5} {:<24} {:<8} {:<38} {}\n",
-                       std::to_string(rank.rank) + (rank.level < furthest ? "*" : ""),
-                       rank.host + ":" + std::to_string(rank.local_rank),
-                       rank.pid > 0 ? std::to_string(rank.pid) : "-", rank.state, last);
+    const std::string row = fmt::format(
+        "  {:<5} {:<24} {:<8} ", std::to_string(rank.rank) + (rank.level < furthest ? "*" : ""),
+        rank.host + ":" + std::to_string(rank.local_rank), rank.pid > 0 ? std::to_string(rank.pid) : "-");
+    if (rank.state.size() <= kStateColumn)
+      out << row << fmt::format("{:<{}} {}\n", rank.state, kStateColumn, last);
+    else  // A collective stall's state names frames: the last output goes on a line of its own.
+      out << row << rank.state << "\n" << std::string(row.size(), ' ') << "last output " << last << "\n";
   }
   bool any_dump = false;
   for (const RankProgress& rank : ranks) any_dump |= !rank.stack_file.empty();

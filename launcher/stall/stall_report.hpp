@@ -7,18 +7,20 @@
 #include <string>
 #include <vector>
 
+#include "launcher/stall/collective_watch.hpp"
 #include "launcher/store/init_barrier.hpp"
 
 namespace mcprun {
 
 /// What stalled, as the node that noticed it tells every node of the job.
 struct StallNotice {
-  enum class Kind { kInit, kBarrier, kTimer, kHeartbeat, kSilence };
+  enum class Kind { kInit, kBarrier, kTimer, kHeartbeat, kSilence, kCollective };
   Kind kind = Kind::kInit;
   std::string what;          ///< "the process group's init barrier (--init-timeout 10 s)".
   std::string barrier;       ///< kBarrier: the helper barrier's name.
   std::optional<int> rank;   ///< kTimer/kHeartbeat/kSilence: the rank that went quiet.
   PeerPorts arrived;         ///< kInit: store connections that reached the init barrier.
+  std::optional<CollectiveStall> collective;  ///< kCollective: the collective and every rank.
   std::string noticed_on;    ///< The host that declared it.
 };
 

@@ -45,13 +45,17 @@ StallWatch::StallWatch(boost::asio::io_context& io, StallSettings settings, std:
                   on_barrier(rank, name, timeout_s);
                 }}),
       init_deadline_(io),
-      activity_deadline_(io) {}
+      activity_deadline_(io),
+      collective_check_(io) {}
 
 StallWatch::~StallWatch() { end_attempt(); }
 
-Environment StallWatch::worker_env(const std::filesystem::path& runtime_dir) {
-  return {{"TORCHELASTIC_TIMER_FILE", timer_file_in(runtime_dir).string()},
-          {"MCPRUN_AGENT_SOCKET", agent_socket_in(runtime_dir).string()}};
+Environment StallWatch::worker_env(const std::filesystem::path& runtime_dir,
+                                   const StallSettings& settings) {
+  Environment env{{"TORCHELASTIC_TIMER_FILE", timer_file_in(runtime_dir).string()},
+                  {"MCPRUN_AGENT_SOCKET", agent_socket_in(runtime_dir).string()}};
+  if (settings.collective_timeout > 0) env["MCPRUN_COLLECTIVE_WATCH"] = "1";
+  return env;
 }
 
 TcpStoreServer::Listener StallWatch::store_observer() {
@@ -68,6 +72,11 @@ void StallWatch::begin_attempt(int world_size, int master_port, StallHooks hooks
   // The init deadline is armed by the first rank to reach the store (on_store_event).
   if (observed_store_ && settings_.init_timeout > 0)
     init_.emplace(world_size, settings_.torch_init_barrier);
+  // Every rank's reporter writes to this node's store: the whole job is judged here.
+  if (observed_store_ && settings_.collective_timeout > 0) {
+    collectives_.emplace(settings_.collective_timeout, kProgressIntervalSeconds, attempt_start_);
+    arm_collective_check();
+  }
   arm_activity_deadline();
 }
 
@@ -83,6 +92,8 @@ void StallWatch::end_attempt() {
   init_.reset();
   init_deadline_.cancel();
   activity_deadline_.cancel();
+  collective_check_.cancel();
+  collectives_.reset();  // A new attempt starts with fresh progress state.
   last_heartbeat_.clear();
   barriers_.clear();
   hooks_ = {};
@@ -94,10 +105,13 @@ void StallWatch::declare(StallNotice notice) {
   notice.noticed_on = host_;
   init_deadline_.cancel();
   activity_deadline_.cancel();
+  collective_check_.cancel();
   hooks_.on_stall(notice);
 }
 
 void StallWatch::on_store_event(const StoreEvent& event) {
+  if (event.kind == StoreEvent::Kind::kSet && event.key.starts_with(kProgressKeyPrefix))
+    return on_progress_record(event.key);
   if (!init_ || init_->passed()) return;
   const bool first_arrival = !init_->any_connected();
   init_->observe(event);
@@ -115,6 +129,42 @@ void StallWatch::on_store_event(const StoreEvent& event) {
     spdlog::debug("all {} ranks passed the init barrier after {:.2f} s", world_size_,
                   seconds_since(attempt_start_));
   }
+}
+
+void StallWatch::on_progress_record(const std::string& key) {
+  if (!collectives_ || !observed_store_ || stalled_) return;
+  const std::string* text = observed_store_->value(key);
+  if (!text) return;
+  auto record = parse_progress_record(*text);
+  if (!record) {  // Whoever can reach the store can write there: never trusted, never fatal.
+    spdlog::debug("job store key {}: {}", key, record.error().message);
+    return;
+  }
+  collectives_->observe(std::move(*record), Clock::now());
+}
+
+void StallWatch::arm_collective_check() {
+  collective_check_.expires_after(seconds(kProgressIntervalSeconds));
+  collective_check_.async_wait([this](boost::system::error_code ec) {
+    if (!ec) on_collective_check();
+  });
+}
+
+void StallWatch::on_collective_check() {
+  if (!armed_ || stalled_ || !collectives_) return;
+  if (hooks_.workers)
+    for (const WorkerStatus& worker : hooks_.workers())
+      if (worker.pid > 0 && !worker.running) collectives_->rank_ended(worker.rank, worker.ended);
+  auto stall = collectives_->check(Clock::now());
+  if (!stall) return arm_collective_check();
+  StallNotice notice;
+  notice.kind = StallNotice::Kind::kCollective;
+  notice.what = fmt::format("{} made no progress for --collective-timeout {}: no collective "
+                            "completed on any rank and no rank outside it was busy",
+                            describe(stall->collective),
+                            format_seconds(settings_.collective_timeout));
+  notice.collective = std::move(*stall);
+  declare(std::move(notice));
 }
 
 void StallWatch::on_init_deadline() {
@@ -258,6 +308,13 @@ std::vector<RankProgress> StallWatch::diagnose(const StallNotice& notice,
       progress.level = arrived ? RankProgress::kArrived : RankProgress::kConnected;
       progress.state = arrived ? "at barrier '" + notice.barrier + "'"
                                : "never reached barrier '" + notice.barrier + "'";
+    } else if (notice.kind == StallNotice::Kind::kCollective && notice.collective) {
+      const CollectiveStall& stall = *notice.collective;
+      const bool missing = std::find(stall.missing.begin(), stall.missing.end(), worker.rank) !=
+                           stall.missing.end();
+      progress.level = missing ? RankProgress::kConnected : RankProgress::kArrived;
+      auto state = stall.states.find(worker.rank);
+      progress.state = state != stall.states.end() ? state->second : "running";
     } else if (notice.rank == worker.rank) {
       progress.level = RankProgress::kConnected;
       progress.state = notice.kind == StallNotice::Kind::kTimer       ? "its FileTimer scope expired"

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "launcher/stall/agent_channel.hpp"
+#include "launcher/stall/collective_watch.hpp"
 #include "launcher/stall/file_timer.hpp"
 #include "launcher/store/init_barrier.hpp"
 #include "launcher/config/launch_config.hpp"
@@ -55,8 +56,10 @@ class StallWatch {
   ~StallWatch();
 
   /// TORCHELASTIC_TIMER_FILE and MCPRUN_AGENT_SOCKET, for every worker of a StallWatch built on
-  /// `runtime_dir` (--dry-run names them without building one).
-  static Environment worker_env(const std::filesystem::path& runtime_dir);
+  /// `runtime_dir` (--dry-run names them without building one), and MCPRUN_COLLECTIVE_WATCH,
+  /// which starts each worker's progress reporter, when the collective watchdog is on.
+  static Environment worker_env(const std::filesystem::path& runtime_dir,
+                                const StallSettings& settings);
   /// What the job store this node serves reports to the init barrier watchdog: the launch that
   /// owns the store passes it to TcpStoreServer, which calls it for every event.
   TcpStoreServer::Listener store_observer();
@@ -81,6 +84,10 @@ class StallWatch {
     double timeout_s = 0;
   };
   void on_store_event(const StoreEvent& event);
+  void on_progress_record(const std::string& key);
+  /// Looks at the ranks' progress once per reporting interval.
+  void arm_collective_check();
+  void on_collective_check();
   void arm_init_deadline();
   void on_init_deadline();
   void on_heartbeat(int rank);
@@ -108,6 +115,8 @@ class StallWatch {
   /// No rank had reached the store by the first deadline: the next one counts from the first.
   boost::asio::steady_timer init_deadline_;
   boost::asio::steady_timer activity_deadline_;
+  std::optional<CollectiveWatch> collectives_;  ///< On the node that serves the job store.
+  boost::asio::steady_timer collective_check_;
   std::chrono::steady_clock::time_point attempt_start_;
   std::map<int, std::chrono::steady_clock::time_point> last_heartbeat_;
   std::map<std::string, Barrier> barriers_;

@@ -874,6 +874,14 @@ unsigned short TcpStoreServer::port() const { return service_->port(); }
 
 size_t TcpStoreServer::connection_count() const { return service_->connection_count(); }
 
+const std::string* TcpStoreServer::value(std::string_view key) const {
+  return service_->state().get(key);
+}
+
+void TcpStoreServer::set(std::string_view key, std::string_view value) {
+  service_->state().set(0, key, value);  // Connection 0: no client; the listener hears it too.
+}
+
 void TcpStoreServer::reset() { service_->reset(); }
 
 }  // namespace mcprun

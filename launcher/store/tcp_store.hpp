@@ -180,6 +180,11 @@ class TcpStoreServer {
 
   unsigned short port() const;
   size_t connection_count() const;
+  /// The value stored under `key`, or nullptr: how mcprun reads what its workers' reporters set.
+  const std::string* value(std::string_view key) const;
+  /// Stores `value` under `key` as a client's SET would, waking its waiters: how mcprun asks
+  /// the workers' reporters for something.
+  void set(std::string_view key, std::string_view value);
   /// Closes every connection and forgets every key, keeping the listening socket: a new store
   /// on the same port.
   void reset();

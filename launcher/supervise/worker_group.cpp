@@ -185,6 +185,7 @@ void WorkerGroup::dump_stalled_workers() {
   if (!config_.stack_dumps)
     for (Worker& worker : workers_) worker.stack_file.clear();
   if (stall_listener_) stall_listener_(*stall_, status());
+  await_flight_recorder_dumps();
   if (!config_.stack_dumps) return;
   std::vector<StackDumpRequest> requests;
   for (const Worker& worker : workers_)
@@ -202,6 +203,20 @@ void WorkerGroup::dump_stalled_workers() {
     control_.signal_process(worker.pid, SIGABRT);
   }
   if (python_tracebacks_) run_until([this] { return running_count() == 0; }, kTracebackTimeout);
+}
+
+void WorkerGroup::await_flight_recorder_dumps() {
+  const auto& collective = stall_->collective;
+  if (stall_->kind != StallNotice::Kind::kCollective || !collective || collective->source == "stack")
+    return;  // torch 1.x has no Flight Recorder.
+  const auto prefix = flight_recorder_prefix(attempt_dir_).string();
+  std::filesystem::create_directories(flight_recorder_prefix(attempt_dir_).parent_path());
+  run_until([&] {
+    for (const Worker& worker : workers_)
+      if (worker.running && !std::filesystem::exists(prefix + std::to_string(worker.slot->identity.rank)))
+        return false;
+    return true;
+  }, kFlightRecorderDumpTimeout);
 }
 
 AttemptResult WorkerGroup::run_attempt(int restart_count, const AttemptFiles& files) {
@@ -226,6 +241,7 @@ void WorkerGroup::reset_attempt() {
 
 void WorkerGroup::prepare_workers(const AttemptFiles& files) {
   const bool several_ranks = plan_.slots.size() > 1;
+  attempt_dir_ = files.attempt_dir;
   workers_.reserve(plan_.slots.size());
   for (const RankSlot& slot : plan_.slots) {
     const int local_rank = slot.identity.local_rank;

@@ -114,8 +114,12 @@ class WorkerGroup {
   /// Runs the event loop until `done()` or the deadline; returns done().
   bool run_until(const std::function<bool()>& done, std::chrono::steady_clock::duration limit);
   size_t running_count() const;
-  /// A stall's teardown before stop_all: listener, native stack dumps, Python tracebacks.
+  /// A stall's teardown before stop_all: listener, Flight Recorder dumps, native stack dumps,
+  /// Python tracebacks.
   void dump_stalled_workers();
+  /// Waits for each running rank's Flight Recorder dump, which its reporter writes on a
+  /// collective stall.
+  void await_flight_recorder_dumps();
 
   boost::asio::io_context& io_;
   ProcessControl& control_;

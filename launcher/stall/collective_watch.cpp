@@ -1,0 +1,201 @@
+#include "launcher/stall/collective_watch.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <set>
+#include <tuple>
+
+namespace mcprun {
+namespace {
+
+using Clock = CollectiveWatch::Clock;
+
+double seconds_between(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration<double>(to - from).count();
+}
+
+/// Whether two ranks' pending entries are the same call: by sequence number where the Flight
+/// Recorder gave one, else (torch 1.x's stacks) by operation.
+bool same_call(const PendingCollective& a, const PendingCollective& b) {
+  if (a.group != b.group || a.op != b.op) return false;
+  return a.seq < 0 || b.seq < 0 || a.seq == b.seq;
+}
+
+/// "train.py:12 in step < train.py:40 in main": the innermost frames first.
+std::string innermost_frames(const std::vector<std::string>& frames, size_t count = 3) {
+  std::string text;
+  for (size_t i = 0; i < std::min(count, frames.size()); ++i)
+    text += (i ? " < " : "") + frames[frames.size() - 1 - i];
+  return text.empty() ? "(no Python frames)" : text;
+}
+
+/// torch 1.x: a rank in backward() outside any collective its stack shows is, under DDP, most
+/// likely in the gradient all-reduce the reducer issues from C++.
+bool in_unseen_backward(const ProgressRecord& record) {
+  if (record.source != "stack" || !record.pending.empty() || record.frames.empty()) return false;
+  return record.frames.back().ends_with(" in backward");
+}
+
+}  // namespace
+
+Expected<ProgressRecord> parse_progress_record(std::string_view text) {
+  try {
+    const auto json = nlohmann::json::parse(text);
+    ProgressRecord record;
+    record.rank = json.at("rank").get<int>();
+    record.pid = json.at("pid").get<int>();
+    record.number = json.at("n").get<int64_t>();
+    record.source = json.at("source").get<std::string>();
+    record.completed = json.at("completed").get<int64_t>();
+    record.cpu_s = json.at("cpu_s").get<double>();
+    for (const auto& entry : json.at("pending")) {
+      PendingCollective pending;
+      pending.group = entry.at("group").get<std::string>();
+      pending.group_ranks = entry.value("group_ranks", std::vector<int>{});
+      pending.op = entry.at("op").get<std::string>();
+      pending.seq = entry.value("seq", int64_t{-1});
+      pending.backend = entry.value("backend", std::string());
+      pending.pending_s = entry.value("pending_s", 0.0);
+      record.pending.push_back(std::move(pending));
+    }
+    record.frames = json.value("frames", std::vector<std::string>{});
+    if (record.rank < 0) return Error{fmt::format("rank {} is negative", record.rank)};
+    return record;
+  } catch (const std::exception& error) {
+    return Error{std::string("not a progress record: ") + error.what()};
+  }
+}
+
+std::string describe(const PendingCollective& collective) {
+  std::string text = collective.op;
+  if (collective.seq >= 0) text += fmt::format(" #{}", collective.seq);
+  text += " on group " + collective.group;
+  if (!collective.backend.empty()) text += " (" + collective.backend + ")";
+  return text;
+}
+
+nlohmann::json to_json(const CollectiveStall& stall) {
+  const PendingCollective& c = stall.collective;
+  nlohmann::json states = nlohmann::json::object();
+  for (const auto& [rank, state] : stall.states) states[std::to_string(rank)] = state;
+  return {{"group", c.group},   {"group_ranks", c.group_ranks}, {"op", c.op},
+          {"seq", c.seq},       {"backend", c.backend},         {"pending_s", c.pending_s},
+          {"in", stall.in},     {"missing", stall.missing},     {"states", states},
+          {"mismatch", stall.mismatch}, {"source", stall.source}};
+}
+
+CollectiveStall collective_stall_from_json(const nlohmann::json& json) {
+  CollectiveStall stall;
+  PendingCollective& c = stall.collective;
+  c.group = json.at("group");
+  c.group_ranks = json.at("group_ranks").get<std::vector<int>>();
+  c.op = json.at("op");
+  c.seq = json.at("seq");
+  c.backend = json.at("backend");
+  c.pending_s = json.at("pending_s");
+  stall.in = json.at("in").get<std::vector<int>>();
+  stall.missing = json.at("missing").get<std::vector<int>>();
+  for (const auto& [rank, state] : json.at("states").items())
+    stall.states[std::stoi(rank)] = state.get<std::string>();
+  stall.mismatch = json.at("mismatch");
+  stall.source = json.at("source");
+  return stall;
+}
+
+CollectiveWatch::CollectiveWatch(double timeout_s, double interval_s, Clock::time_point now)
+    : timeout_s_(timeout_s), interval_s_(interval_s), last_progress_(now) {}
+
+void CollectiveWatch::observe(ProgressRecord record, Clock::time_point now) {
+  auto it = ranks_.find(record.rank);
+  if (it == ranks_.end() || it->second.last.pid != record.pid) {
+    last_progress_ = now;  // A rank that joins (or a new process) is progress.
+    ranks_[record.rank] = {std::move(record), now};
+    return;
+  }
+  RankView& view = it->second;
+  if (record.number <= view.last.number) return;  // Late or replayed: nothing new.
+  const double wall = seconds_between(view.received, now);
+  const bool completed_more = record.completed > view.last.completed;
+  // A rank waiting in a collective may spin (NCCL): only ranks outside one count as busy.
+  const bool busy_outside = record.pending.empty() && wall > 0 &&
+                            (record.cpu_s - view.last.cpu_s) >= kBusyCpuShare * wall;
+  if (completed_more || busy_outside) last_progress_ = now;
+  view = {std::move(record), now};
+}
+
+void CollectiveWatch::rank_ended(int rank, std::string how) { ended_[rank] = std::move(how); }
+
+std::optional<CollectiveStall> CollectiveWatch::check(Clock::time_point now) const {
+  if (seconds_between(last_progress_, now) < timeout_s_) return std::nullopt;
+  // The collective: the call the most ranks wait in, the longest pending among equals.
+  const PendingCollective* chosen = nullptr;
+  size_t chosen_count = 0;
+  double chosen_age = -1;
+  for (const auto& [rank, view] : ranks_) {
+    if (ended_.contains(rank)) continue;
+    for (const PendingCollective& pending : view.last.pending) {
+      size_t count = 0;
+      for (const auto& [other, other_view] : ranks_)
+        for (const PendingCollective& theirs : other_view.last.pending)
+          count += same_call(pending, theirs) && !ended_.contains(other);
+      const double age = pending.pending_s + seconds_between(view.received, now);
+      if (std::tie(count, age) > std::tie(chosen_count, chosen_age)) {
+        chosen = &pending;
+        chosen_count = count;
+        chosen_age = age;
+      }
+    }
+  }
+  if (!chosen) return std::nullopt;  // Everyone is outside collectives: idle, not stuck.
+
+  CollectiveStall stall;
+  stall.collective = *chosen;
+  stall.collective.pending_s = chosen_age;
+  std::set<int> members(chosen->group_ranks.begin(), chosen->group_ranks.end());
+  if (members.empty())
+    for (const auto& [rank, view] : ranks_) members.insert(rank);
+  std::set<int> known(members);
+  for (const auto& [rank, view] : ranks_) {
+    known.insert(rank);
+    if (stall.source.empty() || stall.source == view.last.source) stall.source = view.last.source;
+    else stall.source = "mixed";
+  }
+  for (const auto& [rank, how] : ended_) known.insert(rank);
+  for (int member : members) {
+    auto it = ranks_.find(member);
+    bool in = false;
+    if (it != ranks_.end() && !ended_.contains(member))
+      for (const PendingCollective& pending : it->second.last.pending) in |= same_call(*chosen, pending);
+    (in ? stall.in : stall.missing).push_back(member);
+    if (!in && it != ranks_.end() && !ended_.contains(member) &&
+        (!it->second.last.pending.empty() || in_unseen_backward(it->second.last)))
+      stall.mismatch = true;
+  }
+  for (int rank : known) stall.states[rank] = state_of(rank, stall, now);
+  return stall;
+}
+
+std::string CollectiveWatch::state_of(int rank, const CollectiveStall& stall,
+                                      Clock::time_point now) const {
+  if (auto ended = ended_.find(rank); ended != ended_.end()) return "exited: " + ended->second;
+  auto it = ranks_.find(rank);
+  if (it == ranks_.end()) return "sent no progress record: no process group seen";
+  const RankView& view = it->second;
+  const double age = seconds_between(view.received, now);
+  for (const PendingCollective& pending : view.last.pending) {
+    const double pending_for = pending.pending_s + age;
+    if (same_call(stall.collective, pending))
+      return fmt::format("in {} for {:.0f} s", describe(pending), pending_for);
+    return fmt::format("in {} for {:.0f} s: a mismatch", describe(pending), pending_for);
+  }
+  if (in_unseen_backward(view.last))
+    return "in backward(), where DDP's gradient all-reduce runs (torch 1.x cannot name it): "
+           "likely a mismatch; " + innermost_frames(view.last.frames);
+  if (age > kStaleIntervals * interval_s_)
+    return fmt::format("no record for {:.0f} s (its reporter cannot run: a call holding the GIL?); "
+                       "last in user code: {}", age, innermost_frames(view.last.frames));
+  return "in user code: " + innermost_frames(view.last.frames);
+}
+
+}  // namespace mcprun

@@ -1,0 +1,104 @@
+// The collective watchdog: every rank's reporter (python/mcprun/_progress.py, injected through
+// sitecustomize) publishes its collective progress in the job store; the node that serves the
+// store judges from all of them, across nodes, whether the job has stopped making progress.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/expected.hpp"
+
+namespace mcprun {
+
+/// Where the reporters publish: one key per rank, "<prefix><rank>". Keys are as torch's TCPStore
+/// client sends them, with a "/" of its own before the key the reporter names.
+inline constexpr std::string_view kProgressKeyPrefix = "/mcprun/progress/";
+/// Set by mcprun on a collective stall: each reporter then writes its Flight Recorder dump to
+/// TORCH_FR_DUMP_TEMP_FILE<rank>.
+inline constexpr std::string_view kFlightRecorderDumpKey = "/mcprun/flight_recorder/dump";
+/// How long the stall path waits for the ranks' Flight Recorder dumps.
+inline constexpr std::chrono::seconds kFlightRecorderDumpTimeout{5};
+/// How often each reporter publishes (MCPRUN_PROGRESS_INTERVAL_S, which tests shorten).
+inline constexpr double kProgressIntervalSeconds = 1.0;
+/// A rank outside any collective that used this share of a core since its last record is busy
+/// (evaluating, checkpointing): progress. The reporter itself costs well under 1 %.
+inline constexpr double kBusyCpuShare = 0.1;
+/// A rank whose records stopped for this many intervals is reported as silent.
+inline constexpr double kStaleIntervals = 5;
+
+/// A collective a rank has started and not finished.
+struct PendingCollective {
+  std::string group;            ///< The process group's name: "0" is the default group.
+  std::vector<int> group_ranks; ///< Its members' global ranks; empty when unknown.
+  std::string op;               ///< "all_reduce", "barrier", "broadcast"...
+  int64_t seq = -1;             ///< Its sequence number in the group; -1: unknown (torch 1.x).
+  std::string backend;          ///< "gloo", "nccl"; empty when unknown.
+  double pending_s = 0;         ///< How long it had been pending when the record was made.
+};
+
+/// One record of one rank's reporter.
+struct ProgressRecord {
+  int rank = 0;
+  int pid = 0;
+  int64_t number = 0;           ///< Counts up per record.
+  std::string source;           ///< "flight_recorder" (torch 2.x) or "stack" (torch 1.x).
+  int64_t completed = -1;       ///< Collectives this rank completed, all groups; -1: unknown.
+  std::vector<PendingCollective> pending;  ///< Oldest first.
+  double cpu_s = 0;             ///< CPU time of the rank and its live descendants.
+  std::vector<std::string> frames;         ///< The main thread's innermost frames, innermost last.
+};
+
+/// Parses a reporter's record; an Error names what was wrong (a record is never trusted).
+Expected<ProgressRecord> parse_progress_record(std::string_view text);
+
+/// What the watchdog found: the collective, who is in it, and where every other member is.
+struct CollectiveStall {
+  PendingCollective collective;
+  std::vector<int> in;                ///< Members waiting in it.
+  std::vector<int> missing;           ///< Members that are not.
+  std::map<int, std::string> states;  ///< Every known rank: where it is, in words.
+  bool mismatch = false;              ///< A missing member is in another collective.
+  std::string source;                 ///< Where the facts came from, for the report.
+};
+
+nlohmann::json to_json(const CollectiveStall& stall);
+/// Throws std::exception (a json error) on a malformed stall.
+CollectiveStall collective_stall_from_json(const nlohmann::json& json);
+/// "all_reduce #30 on group 0 (gloo)": the collective as the report names it.
+std::string describe(const PendingCollective& collective);
+
+/// Judges stalls from the ranks' records: no collective completed on any rank and no rank
+/// outside a collective busy, for the whole timeout, while a collective is pending.
+class CollectiveWatch {
+ public:
+  using Clock = std::chrono::steady_clock;
+  CollectiveWatch(double timeout_s, double interval_s, Clock::time_point now);
+
+  void observe(ProgressRecord record, Clock::time_point now);
+  /// A local rank ended; "exit code 0".
+  void rank_ended(int rank, std::string how);
+  /// The stall, once the job has made no progress for the timeout with a collective pending.
+  std::optional<CollectiveStall> check(Clock::time_point now) const;
+
+ private:
+  struct RankView {
+    ProgressRecord last;
+    Clock::time_point received;
+  };
+  std::string state_of(int rank, const CollectiveStall& stall, Clock::time_point now) const;
+
+  double timeout_s_;
+  double interval_s_;
+  Clock::time_point last_progress_;
+  std::map<int, RankView> ranks_;
+  std::map<int, std::string> ended_;
+};
+
+}  // namespace mcprun

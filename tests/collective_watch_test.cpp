@@ -1,0 +1,269 @@
+#include "launcher/stall/collective_watch.hpp"
+
+#include <gtest/gtest.h>
+
+namespace mcprun {
+namespace {
+
+using Clock = CollectiveWatch::Clock;
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+constexpr double kTimeout = 10;
+
+PendingCollective call(std::string op, int64_t seq, std::string group = "0",
+                       std::vector<int> ranks = {0, 1, 2}) {
+  return {std::move(group), std::move(ranks), std::move(op), seq, "gloo", 0};
+}
+
+/// Feeds records the way reporters send them: one per rank per second.
+class Job {
+ public:
+  explicit Job(int world) : world_(world), watch_(kTimeout, 1.0, now_), numbers_(world, 0) {}
+
+  /// Every rank reports once; `state(rank, record)` fills its record for this second.
+  template <class Fill>
+  void second(Fill fill) {
+    now_ += seconds(1);
+    for (int rank = 0; rank < world_; ++rank) {
+      ProgressRecord record;
+      record.rank = rank;
+      record.pid = 100 + rank;
+      record.number = ++numbers_[rank];
+      record.source = "flight_recorder";
+      record.frames = {"train.py:40 in main", "train.py:12 in step"};
+      if (fill(rank, record)) watch_.observe(std::move(record), now_);
+    }
+  }
+  std::optional<CollectiveStall> check() const { return watch_.check(now_); }
+  CollectiveWatch& watch() { return watch_; }
+
+ private:
+  int world_;
+  Clock::time_point now_ = Clock::now();
+  CollectiveWatch watch_;
+  std::vector<int64_t> numbers_;
+};
+
+TEST(CollectiveWatch, UnevenShardsAreAMismatchNamedAfterTheCallMostRanksWaitIn) {
+  Job job(3);
+  for (int second = 0; second < 12; ++second) {
+    job.second([&](int rank, ProgressRecord& record) {
+      record.completed = 29;
+      record.pending = {rank == 1 ? call("barrier", 30) : call("all_reduce", 30)};
+      record.pending[0].pending_s = second;
+      return true;
+    });
+    if (second < 9) {
+      EXPECT_FALSE(job.check()) << "at " << second << " s";
+    }
+  }
+  auto stall = job.check();
+  ASSERT_TRUE(stall);
+  EXPECT_EQ(describe(stall->collective), "all_reduce #30 on group 0 (gloo)");
+  EXPECT_EQ(stall->in, (std::vector<int>{0, 2}));
+  EXPECT_EQ(stall->missing, (std::vector<int>{1}));
+  EXPECT_TRUE(stall->mismatch);
+  EXPECT_EQ(stall->states.at(1).rfind("in barrier #30 on group 0 (gloo) for ", 0), 0u) << stall->states.at(1);
+  EXPECT_NE(stall->states.at(1).find("a mismatch"), std::string::npos);
+  EXPECT_GE(stall->collective.pending_s, 11);
+}
+
+TEST(CollectiveWatch, ARankBusyOutsideTheCollectiveIsProgress) {
+  Job job(3);
+  double cpu = 0;
+  for (int second = 0; second < 3 * kTimeout; ++second) {
+    job.second([&](int rank, ProgressRecord& record) {
+      record.completed = 5;
+      if (rank == 0) record.cpu_s = cpu += 0.9;  // Checkpointing: a busy core.
+      else record.pending = {call("barrier", 6)};
+      return true;
+    });
+    EXPECT_FALSE(job.check()) << "at " << second << " s";
+  }
+}
+
+TEST(CollectiveWatch, AnIdleRankOutsideTheCollectiveIsNoProgress) {
+  Job job(3);
+  for (int second = 0; second < 12; ++second)
+    job.second([&](int rank, ProgressRecord& record) {
+      record.completed = 5;
+      record.cpu_s = 1.0 + 0.001 * second;  // Blocked on a lock: the reporter's own crumbs.
+      if (rank != 1) record.pending = {call("all_reduce", 6)};
+      return true;
+    });
+  auto stall = job.check();
+  ASSERT_TRUE(stall);
+  EXPECT_EQ(stall->missing, (std::vector<int>{1}));
+  EXPECT_FALSE(stall->mismatch);
+  EXPECT_EQ(stall->states.at(1), "in user code: train.py:12 in step < train.py:40 in main");
+}
+
+TEST(CollectiveWatch, RanksOutsideAnyCollectiveAreNeverAStall) {
+  Job job(2);
+  for (int second = 0; second < 3 * kTimeout; ++second) {
+    job.second([](int, ProgressRecord& record) {  // Sleeping in the data loader, or one long step.
+      record.completed = 7;
+      return true;
+    });
+    EXPECT_FALSE(job.check());
+  }
+}
+
+TEST(CollectiveWatch, CompletedCollectivesAreProgress) {
+  Job job(2);
+  int64_t completed = 0;
+  for (int second = 0; second < 3 * kTimeout; ++second) {
+    ++completed;
+    job.second([&](int, ProgressRecord& record) {
+      record.completed = completed;
+      record.pending = {call("all_reduce", completed + 1, "0", {0, 1})};  // Always one in flight.
+      return true;
+    });
+    EXPECT_FALSE(job.check());
+  }
+}
+
+TEST(CollectiveWatch, AnExitedRankIsMissingAndSaysHowItEnded) {
+  Job job(3);
+  for (int second = 0; second < 12; ++second)
+    job.second([&](int rank, ProgressRecord& record) {
+      record.completed = 9;
+      record.pending = {call("all_reduce", 10)};
+      return rank != 1;
+    });
+  job.watch().rank_ended(1, "exit code 0");
+  auto stall = job.check();
+  ASSERT_TRUE(stall);
+  EXPECT_EQ(stall->missing, (std::vector<int>{1}));
+  EXPECT_EQ(stall->states.at(1), "exited: exit code 0");
+}
+
+TEST(CollectiveWatch, EveryMemberInItAndItNeverCompletes) {
+  Job job(2);
+  for (int second = 0; second < 12; ++second)
+    job.second([&](int, ProgressRecord& record) {
+      record.completed = 0;
+      record.cpu_s = second * 1.0;  // NCCL spinning inside the collective is no progress.
+      record.pending = {call("all_reduce", 1, "0", {0, 1})};
+      return true;
+    });
+  auto stall = job.check();
+  ASSERT_TRUE(stall);
+  EXPECT_TRUE(stall->missing.empty());
+  EXPECT_EQ(stall->in, (std::vector<int>{0, 1}));
+}
+
+TEST(CollectiveWatch, ASubgroupNamesOnlyItsOwnMembersAsMissing) {
+  Job job(3);
+  for (int second = 0; second < 12; ++second)
+    job.second([&](int rank, ProgressRecord& record) {
+      record.completed = 3;
+      if (rank == 0) record.pending = {call("barrier", 2, "1", {0, 1})};
+      return true;
+    });
+  auto stall = job.check();
+  ASSERT_TRUE(stall);
+  EXPECT_EQ(stall->collective.group, "1");
+  EXPECT_EQ(stall->in, (std::vector<int>{0}));
+  EXPECT_EQ(stall->missing, (std::vector<int>{1}));
+  EXPECT_TRUE(stall->states.contains(2));  // Still described, but nobody waits for it.
+}
+
+TEST(CollectiveWatch, TorchOneStacksMatchByOperation) {
+  Job job(2);
+  for (int second = 0; second < 12; ++second)
+    job.second([&](int rank, ProgressRecord& record) {
+      record.source = "stack";
+      record.completed = -1;
+      if (rank == 0) record.pending = {call("barrier", -1, "0", {0, 1})};
+      else record.frames = {"uneven.py:20 in <module>", "torch/_tensor.py:487 in backward"};
+      return true;
+    });
+  auto stall = job.check();
+  ASSERT_TRUE(stall);
+  EXPECT_EQ(describe(stall->collective), "barrier on group 0 (gloo)");
+  EXPECT_EQ(stall->source, "stack");
+  EXPECT_TRUE(stall->mismatch);  // DDP's all-reduce runs in backward(), unseen on torch 1.x.
+  EXPECT_EQ(stall->states.at(1),
+            "in backward(), where DDP's gradient all-reduce runs (torch 1.x cannot name it): likely "
+            "a mismatch; torch/_tensor.py:487 in backward < uneven.py:20 in <module>");
+}
+
+TEST(CollectiveWatch, AReporterThatFellSilentIsSaidToBe) {
+  Job job(2);
+  for (int second = 0; second < 12; ++second)
+    job.second([&](int rank, ProgressRecord& record) {
+      record.completed = 4;
+      if (rank == 0) record.pending = {call("all_reduce", 5, "0", {0, 1})};
+      return rank == 0 || second < 2;
+    });
+  auto stall = job.check();
+  ASSERT_TRUE(stall);
+  EXPECT_NE(stall->states.at(1).find("its reporter cannot run"), std::string::npos);
+}
+
+TEST(CollectiveWatch, ANewAttemptsProcessIsProgressNotAReplay) {
+  CollectiveWatch watch(kTimeout, 1.0, Clock::now());
+  ProgressRecord record;
+  record.rank = 0;
+  record.pid = 7;
+  record.number = 5;
+  record.pending = {call("all_reduce", 1, "0", {0})};
+  const auto start = Clock::now();
+  watch.observe(record, start);
+  EXPECT_FALSE(watch.check(start + seconds(9)));
+  record.number = 4;  // Replayed or late: ignored, so progress is still the first record.
+  watch.observe(record, start + seconds(9));
+  EXPECT_TRUE(watch.check(start + seconds(11)));
+  record.pid = 8;  // A restarted worker's first record.
+  record.number = 1;
+  watch.observe(record, start + seconds(11));
+  EXPECT_FALSE(watch.check(start + seconds(12)));
+}
+
+TEST(ProgressRecord, ParsesAReportersRecord) {
+  auto record = parse_progress_record(
+      R"({"v": 1, "rank": 2, "pid": 42, "n": 3, "source": "flight_recorder", "completed": 17,
+          "pending": [{"group": "0", "group_ranks": [0, 1, 2], "op": "all_reduce", "seq": 18,
+                       "backend": "gloo", "pending_s": 1.5}],
+          "cpu_s": 12.25, "frames": ["a.py:1 in <module>"]})");
+  ASSERT_TRUE(record) << record.error().message;
+  EXPECT_EQ(record->rank, 2);
+  EXPECT_EQ(record->completed, 17);
+  ASSERT_EQ(record->pending.size(), 1u);
+  EXPECT_EQ(record->pending[0].seq, 18);
+  EXPECT_EQ(record->pending[0].group_ranks, (std::vector<int>{0, 1, 2}));
+  EXPECT_DOUBLE_EQ(record->cpu_s, 12.25);
+}
+
+TEST(ProgressRecord, RefusesWhatIsNotOne) {
+  for (const char* text : {"", "[]", "{\"rank\": 1}", "not json",
+                           R"({"rank": "x", "pid": 1, "n": 1, "source": "", "completed": 0,
+                               "pending": [], "cpu_s": 0})",
+                           R"({"rank": -3, "pid": 1, "n": 1, "source": "", "completed": 0,
+                               "pending": [], "cpu_s": 0})",
+                           R"({"rank": 1, "pid": 1, "n": 1, "source": "", "completed": 0,
+                               "pending": [{"op": 5}], "cpu_s": 0})"}) {
+    EXPECT_FALSE(parse_progress_record(text)) << text;
+  }
+}
+
+TEST(CollectiveStall, RoundTripsThroughJson) {
+  CollectiveStall stall;
+  stall.collective = call("broadcast", 3);
+  stall.collective.pending_s = 12.5;
+  stall.in = {0, 2};
+  stall.missing = {1};
+  stall.states = {{0, "in broadcast"}, {1, "exited: exit code 0"}};
+  stall.mismatch = true;
+  stall.source = "flight_recorder";
+  const CollectiveStall back = collective_stall_from_json(to_json(stall));
+  EXPECT_EQ(describe(back.collective), "broadcast #3 on group 0 (gloo)");
+  EXPECT_EQ(back.missing, stall.missing);
+  EXPECT_EQ(back.states, stall.states);
+  EXPECT_TRUE(back.mismatch);
+}
+
+}  // namespace
+}  // namespace mcprun

@@ -1,0 +1,229 @@
+"""The collective watchdog end to end, with real torch (gloo on CPU), 1.13 and 2.13: a hang after
+init is found with no change to the script, named, and stopped; a busy or idle job is not."""
+import glob
+import json
+import os
+import re
+import subprocess
+import time
+
+from harness import PYTHON, TORCH2, LauncherTestCase
+
+# Every rank records its pid, initialises gloo, then does what $SCENARIO says for its rank.
+WORKER = r'''
+import os, queue, sys, threading, time
+rank = int(os.environ["RANK"])
+with open(os.path.join(os.environ["MCPRUN_TEST_DIR"], f"pid.{rank}"), "w") as f:
+    f.write(str(os.getpid()))
+import torch
+import torch.distributed as dist
+dist.init_process_group("gloo")
+scenario = os.environ["SCENARIO"]
+hold = float(os.environ.get("HOLD_S", "0"))
+print(f"rank {rank} initialised", flush=True)
+
+def ddp_steps(count):
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(count):
+        loss = model(torch.randn(16, 8)).sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return model
+
+def busy(seconds):  # Pure Python: the GIL is released often, as in real training code.
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        sum(i * i for i in range(1000))
+
+if scenario == "uneven":
+    ddp_steps(30 - (1 if rank == 1 else 0))  # Uneven shards: rank 1 has one batch fewer.
+    print(f"rank {rank} finished its shard", flush=True)
+    dist.barrier()
+elif scenario == "mismatch":
+    t = torch.ones(4)
+    if rank == 0:
+        dist.broadcast(t, src=0)
+    else:
+        dist.all_reduce(t)
+elif scenario == "deadlock":
+    dist.all_reduce(torch.ones(1))
+    if rank == 1:
+        queue.Queue().get()  # A queue nobody fills: 0 % CPU, forever.
+    dist.all_reduce(torch.ones(1))
+elif scenario == "skipped_barrier":
+    dist.barrier()
+    if rank == 2:
+        threading.Event().wait()
+    dist.barrier()
+elif scenario == "subgroup":
+    pair = dist.new_group([0, 1])
+    if rank == 0:
+        dist.barrier(group=pair)
+    elif rank == 1:
+        threading.Event().wait()
+    else:
+        threading.Event().wait()  # Not a member: nobody waits for it.
+elif scenario == "busy_rank0":
+    dist.barrier()
+    if rank == 0:
+        busy(hold)  # Checkpointing or evaluating while the others wait.
+    dist.barrier()
+elif scenario == "long_step":
+    ddp_steps(1)
+    busy(hold)  # Every rank computes one step far longer than the timeout.
+    ddp_steps(1)
+elif scenario == "loader_sleeps":
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 1))
+    for step in range(2):
+        time.sleep(hold)  # The data loader waits on a slow filesystem, on every rank.
+        model(torch.randn(4, 8)).sum().backward()
+dist.barrier()
+dist.destroy_process_group()
+print(f"rank {rank} done", flush=True)
+'''
+
+NO_PROCESS_GROUP = r'''
+import os, time
+import torch
+time.sleep(float(os.environ["HOLD_S"]))
+print("done without a process group", flush=True)
+'''
+
+TIMEOUT = 6  # --collective-timeout of the short runs.
+
+
+def report_rows(stderr):
+    """Rank -> its row of the stall report."""
+    return {int(m.group(1)): m.group(0) for m in re.finditer(r"^  (\d+)\*? .*$", stderr, re.M)}
+
+
+class CollectiveStallCase(LauncherTestCase):
+    def launch(self, scenario, nproc=3, timeout=TIMEOUT, hold=0, limit=180, script=WORKER):
+        env = dict(self.env, SCENARIO=scenario, HOLD_S=str(hold))
+        self.logs = os.path.join(self.tmp, "logs")
+        self.summary = os.path.join(self.tmp, "summary.json")
+        flags = [] if timeout is None else ["--collective-timeout", str(timeout)]
+        start = time.monotonic()
+        code, out, err = self.run_mcprun("-n", str(nproc), "--log-dir", self.logs, "--summary-json",
+                                         self.summary, *flags, self.script("worker.py", script),
+                                         env=env, timeout=limit)
+        return code, out, err, time.monotonic() - start
+
+    def stall_summary(self):
+        with open(self.summary) as f:
+            summary = json.load(f)
+        self.assertEqual(summary["result"], "stalled")
+        self.assertEqual(summary["stall"]["kind"], "collective")
+        return summary["stall"]["collective"]
+
+    def assert_stalled(self, code, err, missing):
+        self.assertEqual(code, 3, err)
+        self.assertIn("job STALLED", err)
+        self.assertRegex(err, rf"not in it: {missing}\b")
+        attempt = os.path.join(self.logs, "attempt_0")
+        self.assertTrue(os.path.exists(os.path.join(attempt, "stall_report.txt")))
+        self.assertTrue(glob.glob(os.path.join(attempt, "*", "stacks.txt")), "no stack dumps")
+
+
+class CollectiveStallTest(CollectiveStallCase):
+    def test_uneven_shards_name_the_allreduce_and_the_rank_that_left_for_the_barrier(self):
+        code, _, err, elapsed = self.launch("uneven")
+        rows = report_rows(err)
+        collective = self.stall_summary()
+        self.assertTrue(collective["mismatch"])
+        self.assertIn("MISMATCH", err)
+        if TORCH2:
+            # The Flight Recorder sees DDP's own all-reduce, which no Python frame shows.
+            self.assert_stalled(code, err, missing="1")
+            self.assertEqual((collective["op"], collective["in"], collective["missing"]),
+                             ("all_reduce", [0, 2], [1]))
+            self.assertIn("in barrier", rows[1])
+            self.assertIn("a mismatch", rows[1])
+            self.assert_flight_recorder_dumps(3)
+        else:
+            # torch 1.13 sees rank 1's barrier in its stack; the others are in backward(), where
+            # DDP's all-reduce runs unseen.
+            self.assert_stalled(code, err, missing="0,2")
+            self.assertEqual((collective["op"], collective["source"]), ("barrier", "stack"))
+            self.assertIn("in backward(), where DDP's gradient all-reduce runs", rows[0])
+        self.assertLess(elapsed, TIMEOUT + 60)
+
+    def assert_flight_recorder_dumps(self, world):
+        """Every rank's dump, in the folder layout torch's own analyzer reads as it is."""
+        folder = os.path.join(self.logs, "attempt_0", "flight_recorder")
+        self.assertEqual(sorted(os.listdir(folder)), [f"rank_{r}" for r in range(world)])
+        analysis = subprocess.run([PYTHON, "-m", "torch.distributed.flight_recorder.fr_trace",
+                                   "-j", folder], capture_output=True, text=True, timeout=120)
+        self.assertEqual(analysis.returncode, 0, analysis.stderr)
+        self.assertIn("all_reduce", analysis.stdout)
+
+    def test_a_broadcast_on_one_rank_and_an_allreduce_on_the_others_is_a_mismatch(self):
+        code, _, err, _ = self.launch("mismatch")
+        self.assertEqual(code, 3, err)
+        collective = self.stall_summary()
+        self.assertEqual(collective["op"], "all_reduce")
+        self.assertEqual(collective["missing"], [0])
+        self.assertTrue(collective["mismatch"])
+        self.assertIn("in broadcast", report_rows(err)[0])
+
+    def test_a_rank_deadlocked_in_user_code_is_named_with_its_frames(self):
+        code, _, err, _ = self.launch("deadlock")
+        self.assert_stalled(code, err, missing="1")
+        self.assertIn("in user code", report_rows(err)[1])
+        self.assertIn("get", report_rows(err)[1])  # queue.Queue.get, its innermost frame.
+
+    def test_a_barrier_after_init_that_one_rank_never_reaches(self):
+        code, _, err, _ = self.launch("skipped_barrier")
+        self.assert_stalled(code, err, missing="2")
+        self.assertEqual(self.stall_summary()["op"], "barrier")
+
+    def test_a_subgroup_barrier_names_only_the_missing_member(self):
+        code, _, err, _ = self.launch("subgroup")
+        self.assert_stalled(code, err, missing="1")
+        collective = self.stall_summary()
+        self.assertEqual(collective["group_ranks"], [0, 1])
+        self.assertNotEqual(collective["group"], "0")
+
+    def test_rank_0_busy_for_three_timeouts_while_the_others_wait_is_no_stall(self):
+        code, out, err, elapsed = self.launch("busy_rank0", hold=3 * TIMEOUT)
+        self.assertEqual(code, 0, err)
+        self.assertGreater(elapsed, 3 * TIMEOUT)
+        self.assertEqual(out.count(" done"), 3, out)
+
+    def test_one_step_three_timeouts_long_on_every_rank_is_no_stall(self):
+        code, out, err, _ = self.launch("long_step", hold=3 * TIMEOUT)
+        self.assertEqual(code, 0, err)
+
+    def test_ranks_sleeping_in_the_data_loader_are_no_stall(self):
+        code, out, err, _ = self.launch("loader_sleeps", hold=1.5 * TIMEOUT)
+        self.assertEqual(code, 0, err)
+
+    def test_a_script_without_a_process_group_is_never_watched(self):
+        code, out, err, _ = self.launch("none", nproc=2, hold=3 * TIMEOUT, script=NO_PROCESS_GROUP)
+        self.assertEqual(code, 0, err)
+        self.assertEqual(out.count("done without a process group"), 2)
+
+    def test_off_leaves_a_hang_to_the_other_watchdogs(self):
+        code, out, err = self.run_mcprun("-n", "3", "--collective-timeout", "off", "--timeout", "20",
+                                         self.script("worker.py", WORKER),
+                                         env=dict(self.env, SCENARIO="skipped_barrier"), timeout=120)
+        self.assertEqual(code, 124, err)  # --timeout's exit: the collective watchdog stayed off.
+        self.assertNotIn("STALLED", err)
+
+
+class DefaultTimeoutTest(CollectiveStallCase):
+    """The default --collective-timeout, once, on torch 2.13: what a user gets with no flag."""
+    def test_uneven_shards_are_found_with_no_flag(self):
+        if not TORCH2:
+            self.skipTest("run once, on torch 2.13")
+        code, _, err, elapsed = self.launch("uneven", timeout=None, limit=400)
+        self.assert_stalled(code, err, missing="1")
+        self.assertIn("--collective-timeout 180 s", err)
+        self.assertGreater(elapsed, 180)
+
+
+if __name__ == "__main__":
+    import unittest
+    unittest.main()
