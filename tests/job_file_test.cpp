@@ -42,6 +42,7 @@ max_restarts: 1
 term-timeout: 2.5
 timeout: 600
 init_timeout: 30
+collective-timeout: 45
 no-python: true
 standalone: no
 start-method: spawn
@@ -65,6 +66,7 @@ args: [--lr, 3e-4, "-n"]
   EXPECT_DOUBLE_EQ(config.term_timeout, 2.5);
   EXPECT_DOUBLE_EQ(config.job_timeout, 600);
   EXPECT_DOUBLE_EQ(config.stall.init_timeout, 30);
+  EXPECT_DOUBLE_EQ(config.stall.collective_timeout, 45);
   EXPECT_TRUE(config.no_python);
   EXPECT_FALSE(config.standalone);
   EXPECT_DOUBLE_EQ(config.join_timeout, 60);

@@ -77,6 +77,17 @@ TEST(LaunchConfig, BadInputIsOneLine) {
   EXPECT_NE(parse_error({"--bogus", "t.py"}).find("--bogus"), std::string::npos);
 }
 
+TEST(LaunchConfig, CollectiveTimeoutIsFiniteByDefaultAndOffTurnsItOff) {
+  EXPECT_EQ(parse_ok({"t.py"}).stall.collective_timeout, 180);
+  EXPECT_EQ(parse_ok({"--collective-timeout", "30", "t.py"}).stall.collective_timeout, 30);
+  EXPECT_EQ(parse_ok({"--collective-timeout", "off", "t.py"}).stall.collective_timeout, 0);
+  for (const char* bad : {"0", "-5", "soon", ""}) {
+    const std::string message = parse_error({"--collective-timeout", bad, "t.py"});
+    EXPECT_NE(message.find("--collective-timeout"), std::string::npos) << message;
+    EXPECT_NE(message.find("seconds > 0 or off"), std::string::npos) << message;
+  }
+}
+
 TEST(LaunchConfig, StreamSpecs) {
   EXPECT_EQ(parse_stream_spec("3")->all, 3);
   auto per_rank = parse_stream_spec("0:1,2:3");
