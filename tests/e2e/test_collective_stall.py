@@ -111,6 +111,12 @@ class CollectiveStallCase(LauncherTestCase):
                                          env=env, timeout=limit)
         return code, out, err, time.monotonic() - start
 
+    def attempt_dir(self):
+        """The first attempt's folder of this test's run, under --log-dir."""
+        found = glob.glob(os.path.join(self.logs, "*", "attempt_0"))
+        self.assertEqual(len(found), 1, found)
+        return found[0]
+
     def stall_summary(self):
         with open(self.summary) as f:
             summary = json.load(f)
@@ -122,7 +128,7 @@ class CollectiveStallCase(LauncherTestCase):
         self.assertEqual(code, 3, err)
         self.assertIn("job STALLED", err)
         self.assertRegex(err, rf"not in it: {missing}\b")
-        attempt = os.path.join(self.logs, "attempt_0")
+        attempt = self.attempt_dir()
         self.assertTrue(os.path.exists(os.path.join(attempt, "stall_report.txt")))
         self.assertTrue(glob.glob(os.path.join(attempt, "*", "stacks.txt")), "no stack dumps")
 
@@ -152,7 +158,7 @@ class CollectiveStallTest(CollectiveStallCase):
 
     def assert_flight_recorder_dumps(self, world):
         """Every rank's dump, in the folder layout torch's own analyzer reads as it is."""
-        folder = os.path.join(self.logs, "attempt_0", "flight_recorder")
+        folder = os.path.join(self.attempt_dir(), "flight_recorder")
         self.assertEqual(sorted(os.listdir(folder)), [f"rank_{r}" for r in range(world)])
         analysis = subprocess.run([PYTHON, "-m", "torch.distributed.flight_recorder.fr_trace",
                                    "-j", folder], capture_output=True, text=True, timeout=120)
