@@ -8,7 +8,7 @@ import subprocess
 import time
 import unittest
 
-from harness import MCPRUN, PYTHON, LauncherTestCase, alive, wait_for
+from harness import MCPRUN, PYTHON, TORCH2, LauncherTestCase, alive, wait_for
 from test_rendezvous import RENDEZVOUSD
 
 SUBNET = "10.250.{}.{}"  # Addresses of the test's own hosts, inside its own namespaces only.
@@ -24,6 +24,24 @@ with open(os.path.join(os.environ["MCPRUN_TEST_DIR"], "node.%s.json" % os.enviro
                "nccl_ifname": os.environ.get("NCCL_SOCKET_IFNAME"),
                "master": os.environ["MASTER_ADDR"]}, f)
 dist.destroy_process_group()  # torch 2.x's gloo threads otherwise may abort the exit.
+'''
+
+# A hang after init, across hosts: uneven shards (rank 1 leaves for the barrier a step early) or
+# mismatched collectives (a broadcast on rank 0, an all-reduce on the others).
+AFTER_INIT_HANG = r'''
+import os
+import torch, torch.distributed as dist
+dist.init_process_group("gloo", init_method="env://")
+rank = dist.get_rank()
+if os.environ["HANG"] == "uneven":
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 1))
+    for step in range(10 - (1 if rank == 1 else 0)):
+        model(torch.randn(16, 8)).sum().backward()
+    dist.barrier()
+elif rank == 0:
+    dist.broadcast(torch.ones(4), src=0)
+else:
+    dist.all_reduce(torch.ones(4))
 '''
 
 
@@ -125,3 +143,37 @@ class AcrossHosts(LauncherTestCase):
         self.assertLess(time.monotonic() - cut, 2 + 3)  # The lease, plus teardown.
         os.killpg(agents[2].pid, signal.SIGTERM)
         agents[2].communicate(timeout=30)
+
+    def collective_hang_on_every_host(self, hang):
+        """Runs AFTER_INIT_HANG on every host; returns each node's stderr and summary."""
+        self.env["HANG"] = hang
+        script = self.script("hang.py", AFTER_INIT_HANG)
+        agents = [self.agent(i, "--collective-timeout", "6", "--summary-json",
+                             os.path.join(self.tmp, f"summary.{i}.json"), script)
+                  for i in range(self.HOSTS)]
+        results = [proc.communicate(timeout=120) for proc in agents]
+        errs = [err for _, err in results]
+        summaries = []
+        for i, proc in enumerate(agents):
+            self.assertEqual(proc.returncode, 3, "\n".join(errs))
+            with open(os.path.join(self.tmp, f"summary.{i}.json")) as f:
+                summaries.append(json.load(f))
+        return errs, summaries
+
+    def test_uneven_shards_across_hosts_are_named_on_every_host_and_stop_them_all(self):
+        errs, summaries = self.collective_hang_on_every_host("uneven")
+        missing = [1] if TORCH2 else [0, 2]  # torch 1.13 sees rank 1's barrier, not DDP's call.
+        for err, summary in zip(errs, summaries):
+            self.assertIn("job STALLED", err)
+            self.assertIn("MISMATCH", err)
+            self.assertEqual(summary["stall"]["collective"]["missing"], missing)
+        self.assertEqual(summaries[0]["stall"]["collective"]["op"], "all_reduce" if TORCH2 else "barrier")
+        self.assertFalse([pid for pid in self.pids() if alive(pid)])
+
+    def test_mismatched_collectives_across_hosts_name_the_odd_rank_out(self):
+        errs, summaries = self.collective_hang_on_every_host("mismatch")
+        for err, summary in zip(errs, summaries):
+            collective = summary["stall"]["collective"]
+            self.assertEqual((collective["op"], collective["missing"]), ("all_reduce", [0]))
+            self.assertTrue(collective["mismatch"])
+            self.assertRegex(err, r"in broadcast.*: a mismatch")
