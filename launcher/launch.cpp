@@ -250,6 +250,7 @@ int Launch::run() {
     summary_.begin_attempt();
     AttemptResult result = group_->run_attempt(restart_count, run_dir_->attempt(attempt));
     summary_.end_attempt(result, run_dir_->attempt(attempt), plan_->job.world_size);
+    collectives_at_end_ = watch_->ranks_in_collectives();  // Before end_attempt forgets them.
     watch_->end_attempt();
     if (auto code = conclude(result, attempt, restart_count)) return *code;
   }
@@ -515,7 +516,7 @@ std::optional<int> Launch::conclude(const AttemptResult& result, int attempt, in
       break;
   }
   std::fputs(format_failure_report(result.workers, result.first_failure, host_, restart_count,
-                                   config_.max_restarts)
+                                   config_.max_restarts, collectives_at_end_)
                  .c_str(),
              stderr);
   name_nccl_logs(config_, result, run_dir_->attempt(attempt));

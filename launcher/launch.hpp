@@ -4,6 +4,7 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -84,6 +85,8 @@ class Launch {
   std::unique_ptr<RendezvousClient> rendezvous_;
   bool membership_change_ = false;
   std::set<std::string> reported_nodes_;  ///< Nodes whose stall report arrived this attempt.
+  /// Where each rank was by the collective watchdog when the attempt ended, for its report.
+  std::map<int, std::string> collectives_at_end_;
 };
 
 }  // namespace mcprun

@@ -203,6 +203,21 @@ TEST(CollectiveWatch, AReporterThatFellSilentIsSaidToBe) {
   EXPECT_NE(stall->states.at(1).find("its reporter cannot run"), std::string::npos);
 }
 
+TEST(CollectiveWatch, RanksInCollectivesSayWhereEachWasWithoutJudging) {
+  Job job(2);
+  job.second([](int rank, ProgressRecord& record) {
+    if (rank == 0) record.pending = {call("all_reduce", 4, "0", {0, 1})};
+    return true;
+  });
+  const auto states = job.watch().ranks_in_collectives(Clock::now() + seconds(1));
+  ASSERT_EQ(states.size(), 2u);
+  EXPECT_EQ(states.at(0).rfind("in all_reduce #4 on group 0 (gloo) for ", 0), 0u) << states.at(0);
+  EXPECT_EQ(states.at(1).rfind("in user code: ", 0), 0u) << states.at(1);
+  Job idle(2);
+  idle.second([](int, ProgressRecord&) { return true; });
+  EXPECT_TRUE(idle.watch().ranks_in_collectives(Clock::now()).empty());  // Nothing to say.
+}
+
 TEST(CollectiveWatch, ANewAttemptsProcessIsProgressNotAReplay) {
   CollectiveWatch watch(kTimeout, 1.0, Clock::now());
   ProgressRecord record;

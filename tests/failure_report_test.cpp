@@ -36,6 +36,19 @@ TEST(FailureReport, NamesRootCauseOthersAndStopped) {
   EXPECT_NE(report.find("Stopped by mcprun: rank(s) 0"), std::string::npos);
 }
 
+TEST(FailureReport, NamesTheCollectiveEachRankWasInWhenGiven) {
+  const auto workers = three_workers();
+  EXPECT_EQ(format_failure_report(workers, 1, "node-a", 0, 0).find("Collectives"), std::string::npos);
+  const std::string report = format_failure_report(
+      workers, 1, "node-a", 0, 0,
+      {{0, "in all_reduce #35 on group 0 (gloo) for 5 s"}, {1, "in barrier #35 on group 0 (gloo) for 5 s"}});
+  EXPECT_NE(report.find("Collectives at the failure (each rank's last progress record):\n"
+                        "  rank 0: in all_reduce #35 on group 0 (gloo) for 5 s\n"
+                        "  rank 1: in barrier #35"),
+            std::string::npos)
+      << report;
+}
+
 TEST(FailureReport, ShowsRecordedErrorFile) {
   auto path = std::filesystem::temp_directory_path() /
               ("error_" + std::to_string(::getpid()) + ".json");

@@ -172,11 +172,22 @@ std::optional<CollectiveStall> CollectiveWatch::check(Clock::time_point now) con
         (!it->second.last.pending.empty() || in_unseen_backward(it->second.last)))
       stall.mismatch = true;
   }
-  for (int rank : known) stall.states[rank] = state_of(rank, stall, now);
+  for (int rank : known) stall.states[rank] = state_of(rank, &stall.collective, now);
   return stall;
 }
 
-std::string CollectiveWatch::state_of(int rank, const CollectiveStall& stall,
+std::map<int, std::string> CollectiveWatch::ranks_in_collectives(Clock::time_point now) const {
+  std::map<int, std::string> states;
+  bool any_pending = false;
+  for (const auto& [rank, view] : ranks_) {
+    any_pending |= !view.last.pending.empty();
+    states[rank] = state_of(rank, nullptr, now);
+  }
+  if (!any_pending) states.clear();
+  return states;
+}
+
+std::string CollectiveWatch::state_of(int rank, const PendingCollective* stalled,
                                       Clock::time_point now) const {
   if (auto ended = ended_.find(rank); ended != ended_.end()) return "exited: " + ended->second;
   auto it = ranks_.find(rank);
@@ -185,7 +196,7 @@ std::string CollectiveWatch::state_of(int rank, const CollectiveStall& stall,
   const double age = seconds_between(view.received, now);
   for (const PendingCollective& pending : view.last.pending) {
     const double pending_for = pending.pending_s + age;
-    if (same_call(stall.collective, pending))
+    if (!stalled || same_call(*stalled, pending))
       return fmt::format("in {} for {:.0f} s", describe(pending), pending_for);
     return fmt::format("in {} for {:.0f} s: a mismatch", describe(pending), pending_for);
   }

@@ -86,13 +86,17 @@ class CollectiveWatch {
   void rank_ended(int rank, std::string how);
   /// The stall, once the job has made no progress for the timeout with a collective pending.
   std::optional<CollectiveStall> check(Clock::time_point now) const;
+  /// Where each rank was at its last record, when any was in a collective: what a failure
+  /// report adds when a rank failed in one (a process-group timeout shorter than mcprun's).
+  std::map<int, std::string> ranks_in_collectives(Clock::time_point now) const;
 
  private:
   struct RankView {
     ProgressRecord last;
     Clock::time_point received;
   };
-  std::string state_of(int rank, const CollectiveStall& stall, Clock::time_point now) const;
+  /// Where `rank` is; a pending call other than `stalled` (when given) is named a mismatch.
+  std::string state_of(int rank, const PendingCollective* stalled, Clock::time_point now) const;
 
   double timeout_s_;
   double interval_s_;

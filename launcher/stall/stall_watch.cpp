@@ -167,6 +167,10 @@ void StallWatch::on_collective_check() {
   declare(std::move(notice));
 }
 
+std::map<int, std::string> StallWatch::ranks_in_collectives() const {
+  return collectives_ ? collectives_->ranks_in_collectives(Clock::now()) : std::map<int, std::string>{};
+}
+
 void StallWatch::on_init_deadline() {
   if (!init_ || init_->passed()) return;
   StallNotice notice;

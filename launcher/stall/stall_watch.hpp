@@ -73,6 +73,9 @@ class StallWatch {
   void end_attempt();
   /// Every rank of the job reached barrier `name`: answer the local ones.
   void complete_barrier(const std::string& name);
+  /// Each rank's last collective progress, when any rank was in a collective (see
+  /// CollectiveWatch::ranks_in_collectives); empty where this node judges none.
+  std::map<int, std::string> ranks_in_collectives() const;
   /// How far each local worker got, as the report shows it.
   std::vector<RankProgress> diagnose(const StallNotice& notice,
                                      const std::vector<WorkerStatus>& workers) const;

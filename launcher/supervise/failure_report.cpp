@@ -45,7 +45,8 @@ int exit_code_for(const WorkerOutcome& worker) {
 }
 
 std::string format_failure_report(const std::vector<WorkerOutcome>& workers, size_t first_failure,
-                                  const std::string& host, int restart_count, int max_restarts) {
+                                  const std::string& host, int restart_count, int max_restarts,
+                                  const std::map<int, std::string>& collectives) {
   const WorkerOutcome& root = workers.at(first_failure);
   const std::string rule(72, '=');
   std::ostringstream out;
@@ -89,6 +90,11 @@ std::string format_failure_report(const std::vector<WorkerOutcome>& workers, siz
           << utc_timestamp(worker->exit_time) << "\n";
   }
   if (!stopped.empty()) out << "Stopped by mcprun: rank(s) " << stopped << "\n";
+  if (!collectives.empty()) {
+    // A process-group timeout names no collective; the ranks' last progress records do.
+    out << "Collectives at the failure (each rank's last progress record):\n";
+    for (const auto& [rank, state] : collectives) out << "  rank " << rank << ": " << state << "\n";
+  }
   out << rule << "\n";
   return out.str();
 }

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <deque>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -34,9 +35,11 @@ struct RecordedError {
 /// Reads a TORCHELASTIC_ERROR_FILE; nullopt when absent or not the JSON torch writes.
 std::optional<RecordedError> read_error_file(const std::filesystem::path& path);
 
-/// The report for one failed attempt. `first_failure` indexes `workers`.
+/// The report for one failed attempt. `first_failure` indexes `workers`; `collectives` is where
+/// each rank of the job was by the collective watchdog's last records (empty: nothing to say).
 std::string format_failure_report(const std::vector<WorkerOutcome>& workers, size_t first_failure,
-                                  const std::string& host, int restart_count, int max_restarts);
+                                  const std::string& host, int restart_count, int max_restarts,
+                                  const std::map<int, std::string>& collectives = {});
 
 /// mcprun's exit code for a worker's end: its own code, or 128 + signal.
 int exit_code_for(const WorkerOutcome& worker);

@@ -15,9 +15,14 @@ import os, queue, sys, threading, time
 rank = int(os.environ["RANK"])
 with open(os.path.join(os.environ["MCPRUN_TEST_DIR"], f"pid.{rank}"), "w") as f:
     f.write(str(os.getpid()))
+import datetime
 import torch
 import torch.distributed as dist
-dist.init_process_group("gloo")
+group_timeout = float(os.environ.get("GROUP_TIMEOUT_S", "0"))
+if group_timeout:
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=group_timeout))
+else:
+    dist.init_process_group("gloo")
 scenario = os.environ["SCENARIO"]
 hold = float(os.environ.get("HOLD_S", "0"))
 print(f"rank {rank} initialised", flush=True)
@@ -210,6 +215,14 @@ class CollectiveStallTest(CollectiveStallCase):
         code, out, err, _ = self.launch("none", nproc=2, hold=3 * TIMEOUT, script=NO_PROCESS_GROUP)
         self.assertEqual(code, 0, err)
         self.assertEqual(out.count("done without a process group"), 2)
+
+    def test_a_shorter_group_timeout_fires_first_and_the_report_names_the_collective(self):
+        self.env["GROUP_TIMEOUT_S"] = "5"
+        code, _, err, _ = self.launch("uneven", timeout=120)
+        self.assertNotIn(code, (0, 3), err)  # torch's own timeout: a failure, not mcprun's stall.
+        self.assertIn("worker group failed", err)
+        self.assertIn("Collectives at the failure", err)
+        self.assertRegex(err, r"rank 1: in barrier" if TORCH2 else r"rank 1: in barrier on group 0")
 
     def test_off_leaves_a_hang_to_the_other_watchdogs(self):
         code, out, err = self.run_mcprun("-n", "3", "--collective-timeout", "off", "--timeout", "20",
