@@ -162,13 +162,15 @@ class CollectiveStallTest(CollectiveStallCase):
         self.assertLess(elapsed, TIMEOUT + 60)
 
     def assert_flight_recorder_dumps(self, world):
-        """Every rank's dump, in the folder layout torch's own analyzer reads as it is."""
+        """Every rank's dump, in the folder layout torch's own analyzer reads as it is; the
+        analyzer names the rank that called the other collective."""
         folder = os.path.join(self.attempt_dir(), "flight_recorder")
         self.assertEqual(sorted(os.listdir(folder)), [f"rank_{r}" for r in range(world)])
         analysis = subprocess.run([PYTHON, "-m", "torch.distributed.flight_recorder.fr_trace",
-                                   "-j", folder], capture_output=True, text=True, timeout=120)
+                                   folder], capture_output=True, text=True, timeout=120)
         self.assertEqual(analysis.returncode, 0, analysis.stderr)
-        self.assertIn("all_reduce", analysis.stdout)
+        self.assertIn("Culprit rank 1; Error type: COLLECTIVE_TYPE_MISMATCH",
+                      analysis.stdout + analysis.stderr)
 
     def test_a_broadcast_on_one_rank_and_an_allreduce_on_the_others_is_a_mismatch(self):
         code, _, err, _ = self.launch("mismatch")
