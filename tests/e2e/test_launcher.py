@@ -318,6 +318,19 @@ class BadInput(LauncherTestCase):
             self.assertEqual(len(err.strip().splitlines()), 1, (args, err))
             self.assertTrue(err.startswith("mcprun: error: "), err)
 
+    def test_standalone_is_one_node(self):
+        worker = ["--no-python", "/bin/sh", "-c", 'touch "$MCPRUN_TEST_DIR/ran.$RANK"']
+        for nnodes in ("2", "1:2"):
+            code, _, err = self.run_mcprun("--standalone", "--nnodes", nnodes, *worker)
+            self.assertEqual(code, 2, err)
+            self.assertEqual(len(err.strip().splitlines()), 1, err)
+            self.assertIn(f"error: --standalone is a one-node job, but --nnodes {nnodes}", err)
+        self.assertEqual(self.files("ran."), [])
+        for nnodes in ("1", "1:1"):  # As torchrun's docs write it, and its MIN:MAX form.
+            code, _, err = self.run_mcprun("--standalone", "--nnodes", nnodes, "-n", "2", *worker)
+            self.assertEqual(code, 0, err)
+        self.assertEqual(self.files("ran."), ["ran.0", "ran.1"])
+
     def test_dry_run_starts_nothing(self):
         script = self.script("t.py", "open(__import__('os').environ['MCPRUN_TEST_DIR'] + '/ran', 'w')\n")
         code, out, err = self.run_mcprun("-n", "2", "--dry-run", script, "--lr", "1")
