@@ -37,11 +37,12 @@ class RunDirectory {
       const char* tmp = std::getenv("TMPDIR");
       parent = tmp && *tmp ? tmp : "/tmp";
     }
-    std::error_code ec;
-    std::filesystem::create_directories(parent, ec);
+    // A --log-dir is the user's input, named as such; TMPDIR's folder is mcprun's own choice.
+    const std::string named = config.log_dir.empty() ? "" : "--log-dir " + config.log_dir + ": ";
+    if (auto made = make_folders(parent); !made) return Error{named + made.error().message};
     std::string pattern = (parent / ("mcprun_" + config.rdzv_id + "_XXXXXX")).string();
     if (::mkdtemp(pattern.data()) == nullptr)
-      return Error{"cannot create a run folder under " + parent.string() + ": " +
+      return Error{named + "cannot create a run folder in " + parent.string() + ": " +
                    std::strerror(errno)};
     const bool keep = !config.log_dir.empty() || streams_to_files || config.nccl_debug;
     if (keep) spdlog::info("logs of this run: {}", pattern);
@@ -325,6 +326,7 @@ std::optional<int> Launch::prepare_join() {
 std::optional<int> Launch::prepare_supervision() {
   auto run_dir = RunDirectory::create(config_);
   if (!run_dir) {
+    if (!config_.log_dir.empty()) return usage_error(run_dir.error().message);
     spdlog::error("{}", run_dir.error().message);
     return kExitFailure;
   }
