@@ -332,6 +332,26 @@ class BadInput(LauncherTestCase):
             self.assertEqual(code, 0, err)
         self.assertEqual(self.files("ran."), ["ran.0", "ran.1"])
 
+    def under_nofile_limit(self, soft, hard, *args):
+        """mcprun started with RLIMIT_NOFILE soft:hard, as `ulimit -Sn soft -Hn hard` leaves it."""
+        done = subprocess.run(["prlimit", f"--nofile={soft}:{hard}", MCPRUN, *args], env=self.env,
+                              capture_output=True, text=True, timeout=120)
+        return done.returncode, done.stdout, done.stderr
+
+    def test_more_workers_than_the_open_file_limit_holds_are_refused_before_any_starts(self):
+        worker = ["--no-python", "/bin/sh", "-c", 'touch "$MCPRUN_TEST_DIR/ran.$LOCAL_RANK"']
+        code, _, err = self.under_nofile_limit(256, 256, "-n", "200", *worker)
+        self.assertEqual(code, 2, err)
+        self.assertEqual(len(err.strip().splitlines()), 1, err)
+        self.assertRegex(err, r"^mcprun: error: -n 200 needs up to \d+ open files in mcprun, more "
+                              r"than its limit of 256 \(ulimit -n, raised to the hard limit, "
+                              r"ulimit -Hn\)")
+        self.assertEqual(self.files("ran."), [])
+        # The soft limit is raised to the hard one at startup: 100 ranks need more than 64.
+        code, _, err = self.under_nofile_limit(64, 4096, "-n", "100", *worker)
+        self.assertEqual(code, 0, err)
+        self.assertEqual(len(self.files("ran.")), 100)
+
     @unittest.skipUnless(os.geteuid() == 0, "runs mcprun as nobody: needs root")
     def test_paths_the_user_may_not_write_name_the_folder_and_the_reason(self):
         # A folder that nobody may enter but not write in.
