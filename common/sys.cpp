@@ -1,7 +1,9 @@
 #include "common/sys.hpp"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -24,6 +26,16 @@ Environment current_environment() {
 std::string host_name() {
   char name[256] = {};
   return ::gethostname(name, sizeof name - 1) == 0 ? name : "localhost";
+}
+
+Expected<void> make_folders(const std::filesystem::path& folder) {
+  std::filesystem::path made;
+  for (const auto& part : folder.lexically_normal()) {
+    made /= part;
+    if (part.empty() || ::mkdir(made.c_str(), 0777) == 0 || errno == EEXIST) continue;
+    return Error{"cannot create " + made.string() + ": " + std::strerror(errno)};
+  }
+  return {};
 }
 
 std::string search_path_of(const Environment& env) {

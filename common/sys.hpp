@@ -2,10 +2,13 @@
 #pragma once
 
 #include <chrono>
+#include <filesystem>
 #include <map>
 #include <optional>
 #include <string>
 #include <string_view>
+
+#include "common/expected.hpp"
 
 namespace mcprun {
 
@@ -24,6 +27,11 @@ std::string search_path_of(const Environment& env);
 /// (the current directory) are skipped, so a job's working directory cannot plant a "python3" or
 /// a "gdb". A name with a slash is returned unchanged.
 std::optional<std::string> find_executable(std::string_view name, std::string_view search_path);
+
+/// Creates `folder` and each missing parent, as `mkdir -p` does. The error names the one folder
+/// that could not be made and why: "cannot create /srv/shared/logs: Permission denied" (where
+/// std::filesystem would name only the last one, and a later open() would say "No such file").
+Expected<void> make_folders(const std::filesystem::path& folder);
 
 /// "SIGKILL" for 9, "signal 77" for an unnamed number.
 std::string signal_name(int signal);

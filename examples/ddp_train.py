@@ -35,6 +35,9 @@ def main():
     assert all(torch.equal(weights, other) for other in gathered), "replicas diverged"
     print(f"rank {rank}/{world} local_rank {os.environ['LOCAL_RANK']}: done, replicas in sync",
           flush=True)
+    # Leave together: torch 2.x can abort a rank ("terminate called without an active exception")
+    # whose destroy_process_group races a peer that has already exited.
+    dist.barrier()
     dist.destroy_process_group()
 
 

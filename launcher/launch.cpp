@@ -18,6 +18,7 @@
 #include "common/logging.hpp"
 #include "common/protocol.hpp"
 #include "common/sys.hpp"
+#include "launcher/plan/descriptor_budget.hpp"
 #include "launcher/supervise/failure_report.hpp"
 #include "launcher/commands/operator_command.hpp"
 #include "launcher/stall/stall_report.hpp"
@@ -25,25 +26,35 @@
 
 namespace mcprun {
 
+namespace {
+
+/// Each rank's output is also written to files in its run folder.
+bool keeps_log_files(const LaunchConfig& config) {
+  const bool streams_to_files = config.redirects.all || config.tee.all ||
+                                !config.redirects.per_rank.empty() || !config.tee.per_rank.empty();
+  return !config.log_dir.empty() || streams_to_files || config.nccl_debug;
+}
+
+}  // namespace
+
 /// The run's folder: attempt_<n>/<local rank>/{stdout.log,stderr.log,error.json}. Under
 /// --log-dir it is kept; otherwise it is a temp folder removed at exit unless logs were asked for.
 class RunDirectory {
  public:
   static Expected<std::unique_ptr<RunDirectory>> create(const LaunchConfig& config) {
-    const bool streams_to_files = config.redirects.all || config.tee.all ||
-                                  !config.redirects.per_rank.empty() || !config.tee.per_rank.empty();
     std::filesystem::path parent = config.log_dir;
     if (parent.empty()) {
       const char* tmp = std::getenv("TMPDIR");
       parent = tmp && *tmp ? tmp : "/tmp";
     }
-    std::error_code ec;
-    std::filesystem::create_directories(parent, ec);
+    // A --log-dir is the user's input, named as such; TMPDIR's folder is mcprun's own choice.
+    const std::string named = config.log_dir.empty() ? "" : "--log-dir " + config.log_dir + ": ";
+    if (auto made = make_folders(parent); !made) return Error{named + made.error().message};
     std::string pattern = (parent / ("mcprun_" + config.rdzv_id + "_XXXXXX")).string();
     if (::mkdtemp(pattern.data()) == nullptr)
-      return Error{"cannot create a run folder under " + parent.string() + ": " +
+      return Error{named + "cannot create a run folder in " + parent.string() + ": " +
                    std::strerror(errno)};
-    const bool keep = !config.log_dir.empty() || streams_to_files || config.nccl_debug;
+    const bool keep = keeps_log_files(config);
     if (keep) spdlog::info("logs of this run: {}", pattern);
     return std::unique_ptr<RunDirectory>(new RunDirectory(pattern, keep));
   }
@@ -234,6 +245,9 @@ Launch::Launch(const LaunchConfig& config, RunSummary& summary, ProcessControl& 
 Launch::~Launch() = default;
 
 int Launch::run() {
+  // Pipes per rank, a store connection or two per rank of the job: the usual soft limit of 1024
+  // would not hold a few hundred ranks.
+  descriptor_limit_ = raise_descriptor_limit();
   std::vector<GpuDevice> gpus = discover_gpus();
   annotate_with_nvml(gpus);
   if (auto code = lease_gpus(gpus)) return *code;
@@ -292,6 +306,15 @@ std::optional<int> Launch::plan_ranks(std::vector<GpuDevice> gpus) {
   auto planned = build_rank_plan(config_, std::move(gpus), inherited_, master_port);
   if (!planned) return usage_error(planned.error().message);
   plan_ = std::move(*planned);
+  if (!config_.dry_run) {
+    // Before anything starts (the plan's warnings included): a job that runs out of descriptors
+    // halfway through spawning fails with a system call's message and ranks already running. A
+    // stall keeps the run folder, and the attempts after it write each rank's logs there.
+    const bool log_files = keeps_log_files(config_) || config_.max_restarts > 0;
+    const long needed = descriptors_needed(config_, *plan_, log_files);
+    if (auto fits = check_descriptor_limit(config_, *plan_, needed, descriptor_limit_); !fits)
+      return usage_error(fits.error().message);
+  }
   for (const auto& warning : plan_->warnings) spdlog::warn("{}", warning);
   if (config_.dry_run) {  // What the workers would get, with the run's folder still unmade.
     add_supervision_env(*plan_, kDryRunDir, config_, inherited_);
@@ -327,6 +350,7 @@ std::optional<int> Launch::prepare_join() {
 std::optional<int> Launch::prepare_supervision() {
   auto run_dir = RunDirectory::create(config_);
   if (!run_dir) {
+    if (!config_.log_dir.empty()) return usage_error(run_dir.error().message);
     spdlog::error("{}", run_dir.error().message);
     return kExitFailure;
   }
@@ -449,7 +473,6 @@ bool Launch::open_store() {
     spdlog::error("{}", acceptor.error().message);
     return false;
   }
-  raise_descriptor_limit();  // A connection or two per rank of the job.
   store_ = std::make_unique<TcpStoreServer>(io_, std::move(*acceptor), watch_->store_observer());
   watch_->observe_store(store_.get());
   return true;

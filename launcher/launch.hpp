@@ -41,7 +41,8 @@ class Launch {
  private:
   /// Takes this job's GPUs and master port from a local rendezvousd, where one leases them.
   std::optional<int> lease_gpus(std::vector<GpuDevice>& gpus);
-  /// Reserves MASTER_PORT and builds the rank plan; an exit code when the run is over already.
+  /// Reserves MASTER_PORT, builds the rank plan and checks that it fits the open-file limit; an
+  /// exit code when the run is over already.
   std::optional<int> plan_ranks(std::vector<GpuDevice> gpus);
   /// The join message this node sends each round; an exit code for a bad token file.
   std::optional<int> prepare_join();
@@ -70,6 +71,7 @@ class Launch {
   std::unique_ptr<RendezvousClient> lease_holder_;  ///< Holds the GPU lease while it lives.
   int leased_port_ = 0;  ///< The master port rendezvousd leased, or 0.
   std::optional<PortReservation> reservation_;
+  long descriptor_limit_ = 0;  ///< RLIMIT_NOFILE once raised: what the plan must fit in.
   std::optional<RankPlan> plan_;
   std::unique_ptr<RendezvousServer> embedded_;
   nlohmann::json join_;

@@ -69,6 +69,8 @@ int main(int argc, char** argv) {
     init_logging("mcprun", config.verbose);
     for (const auto& note : config.notes) spdlog::info("{}", note);
     RunSummary summary(config, host_name());
+    if (auto writable = summary.check_writable(); !writable)
+      return usage_error(writable.error().message);
     // Scoped to the launch: its end tells the group guardian that the launcher ended cleanly.
     PosixProcessControl control;
     Launch launch(config, summary, control);

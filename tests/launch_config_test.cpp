@@ -88,6 +88,27 @@ TEST(LaunchConfig, CollectiveTimeoutIsFiniteByDefaultAndOffTurnsItOff) {
   }
 }
 
+TEST(LaunchConfig, StandaloneIsOneNode) {
+  for (const char* nnodes : {"2", "1:2", "2:4"}) {
+    const std::string message = parse_error({"--standalone", "--nnodes", nnodes, "t.py"});
+    EXPECT_NE(message.find("--standalone is a one-node job, but --nnodes " + std::string(nnodes)),
+              std::string::npos) << message;
+    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+  }
+  // What torchrun's docs show, its min:max spelling, and the rendezvous flags it ignores.
+  for (const char* nnodes : {"1", "1:1"}) {
+    LaunchConfig config = parse_ok({"--standalone", "--nnodes", nnodes, "-n", "4", "t.py"});
+    EXPECT_TRUE(config.standalone);
+    EXPECT_EQ(config.max_nodes, 1);
+    EXPECT_EQ(config.master_addr, "127.0.0.1");
+  }
+  EXPECT_FALSE(parse_ok({"--standalone", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                         "node0:29400", "t.py"}).uses_rendezvous());
+  ::setenv("PET_NNODES", "2", 1);
+  EXPECT_NE(parse_error({"--standalone", "t.py"}).find("--nnodes 2"), std::string::npos);
+  ::unsetenv("PET_NNODES");
+}
+
 TEST(LaunchConfig, StreamSpecs) {
   EXPECT_EQ(parse_stream_spec("3")->all, 3);
   auto per_rank = parse_stream_spec("0:1,2:3");

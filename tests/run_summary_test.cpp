@@ -256,6 +256,28 @@ TEST_F(RunSummaryTest, WritesBothFilesAtomically) {
     EXPECT_EQ(entry.path().string().find(".tmp."), std::string::npos) << entry.path();
 }
 
+TEST_F(RunSummaryTest, PathsAreTriedBeforeTheJobStarts) {
+  // A missing folder is made, and the try leaves nothing behind in it.
+  EXPECT_TRUE(RunSummary(config_, "node-a").check_writable());
+  EXPECT_TRUE(std::filesystem::is_empty(dir_ / "out"));
+  // A file where a folder should be: one line naming the flag, the path and the folder.
+  std::ofstream(dir_ / "file") << "x";
+  LaunchConfig blocked = config_;
+  blocked.junit = (dir_ / "file" / "junit.xml").string();
+  auto refused = RunSummary(blocked, "node-a").check_writable();
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().message, "--junit " + blocked.junit + ": cannot write in " +
+                                         (dir_ / "file").string() + ": Not a directory");
+  blocked.summary_json = (dir_ / "file" / "deeper" / "summary.json").string();
+  refused = RunSummary(blocked, "node-a").check_writable();
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().message, "--summary-json " + blocked.summary_json + ": cannot create " +
+                                         (dir_ / "file" / "deeper").string() + ": Not a directory");
+  // Under --dry-run nothing is written, so nothing is tried.
+  blocked.dry_run = true;
+  EXPECT_TRUE(RunSummary(blocked, "node-a").check_writable());
+}
+
 TEST_F(RunSummaryTest, WritesNothingUnlessAskedOrUnderDryRun) {
   LaunchConfig dry = config_;
   dry.dry_run = true;

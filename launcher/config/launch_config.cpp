@@ -596,6 +596,13 @@ Expected<void> apply_node_counts(LaunchConfig& config) {
     return Error{"--nnodes " + config.nnodes + ": expected N or MIN:MAX with 1 <= MIN <= MAX"};
   config.min_nodes = *min_nodes;
   config.max_nodes = *max_nodes;
+  // --standalone is a private store on loopback that no other node can reach (torchrun's private
+  // rendezvous on localhost:0 waits out its join timeout for a node that never comes).
+  if (config.standalone && config.max_nodes > 1)
+    return Error{"--standalone is a one-node job, but --nnodes " + config.nnodes +
+           " asks for up to " + std::to_string(config.max_nodes) + " nodes: drop --standalone "
+           "(and join the nodes through --rdzv-backend c10d --rdzv-endpoint HOST:PORT) or use "
+           "--nnodes 1"};
   if (config.node_rank && (*config.node_rank < 0 || *config.node_rank >= config.max_nodes))
     return Error{"--node-rank " + std::to_string(*config.node_rank) + ": expected 0-" +
            std::to_string(config.max_nodes - 1)};

@@ -46,12 +46,17 @@ double round_ms(double seconds) {
 
 std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
 
+/// Where `path` is written first, then renamed over it.
+std::string temp_path_for(const std::filesystem::path& path) {
+  return path.string() + ".tmp." + std::to_string(::getpid());
+}
+
 /// Replaces `path` in one step, so that CI never reads half a file.
 std::optional<std::string> write_atomically(const std::filesystem::path& path,
                                             const std::string& text) {
-  std::error_code ec;
-  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path(), ec);
-  const std::string temp = path.string() + ".tmp." + std::to_string(::getpid());
+  if (path.has_parent_path())
+    if (auto made = make_folders(path.parent_path()); !made) return made.error().message;
+  const std::string temp = temp_path_for(path);
   UniqueFd fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666));
   if (!fd.valid()) return "open(" + temp + "): " + std::strerror(errno);
   for (size_t done = 0; done < text.size();) {
@@ -72,6 +77,20 @@ std::optional<std::string> write_atomically(const std::filesystem::path& path,
     return error;
   }
   return std::nullopt;
+}
+
+/// What write_atomically() will need, tried now: the folder made, a file created in it.
+Expected<void> try_writing(const char* flag, const std::filesystem::path& path) {
+  const std::filesystem::path folder = path.has_parent_path() ? path.parent_path() : ".";
+  if (auto made = make_folders(folder); !made)
+    return Error{std::string(flag) + " " + path.string() + ": " + made.error().message};
+  const std::string temp = temp_path_for(path);
+  UniqueFd fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666));
+  if (!fd.valid())
+    return Error{std::string(flag) + " " + path.string() + ": cannot write in " + folder.string() +
+                 ": " + std::strerror(errno)};
+  ::unlink(temp.c_str());
+  return {};
 }
 
 /// The exit code mcprun returns when `result` is how the job ended.
@@ -424,6 +443,15 @@ std::string RunSummary::format_junit(int exit_code) const {
              xml_escape(host_))
       << cases.text() << "</testsuite>\n";
   return out.str();
+}
+
+Expected<void> RunSummary::check_writable() const {
+  if (!active_) return {};
+  if (!summary_json_.empty())
+    if (auto ok = try_writing("--summary-json", summary_json_); !ok) return ok;
+  if (!junit_.empty())
+    if (auto ok = try_writing("--junit", junit_); !ok) return ok;
+  return {};
 }
 
 void RunSummary::write(int exit_code) const {

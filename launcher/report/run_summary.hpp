@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/expected.hpp"
 #include "launcher/supervise/failure_report.hpp"
 #include "launcher/config/launch_config.hpp"
 #include "launcher/stall/stall_report.hpp"
@@ -43,6 +44,9 @@ class RunSummary {
   nlohmann::ordered_json format_json(int exit_code) const;
   /// The --junit document, for mcprun's exit code.
   std::string format_junit(int exit_code) const;
+  /// Makes the files' folders and tries a file in each, before the job starts: a path that
+  /// cannot be written is bad input, better refused now than found out when the job ends.
+  Expected<void> check_writable() const;
   /// Writes the files that were asked for, each atomically (a temp file renamed over it).
   void write(int exit_code) const;
 

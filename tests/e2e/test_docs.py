@@ -1,5 +1,6 @@
 """Every flag that `--help` shows, of mcprun, each of its subcommands and rendezvousd, is
-documented somewhere under docs/."""
+documented somewhere under docs/; every script the repository runs or shows leaves its process
+group the way torch 2.x survives."""
 import glob
 import os
 import re
@@ -54,6 +55,47 @@ class EveryFlagIsDocumented(unittest.TestCase):
 
     def test_rendezvousd(self):
         self.check(RENDEZVOUSD, "--help")
+
+
+# Where the repository's scripts live: Python files, docs, scripts/, examples/ and the end-to-end
+# tests' inline workers.
+SCRIPT_GLOBS = ("**/*.py", "**/*.md", "scripts/*", "examples/*", "tests/e2e/*")
+SKIPPED_TOP = (".git", ".venv", "build")
+DESTROY = re.compile(r"\bdist\.destroy_process_group\(")
+
+
+def repository_scripts():
+    paths = set()
+    for pattern in SCRIPT_GLOBS:
+        for path in glob.glob(os.path.join(REPO, pattern), recursive=True):
+            top = os.path.relpath(path, REPO).split(os.sep)[0]
+            if os.path.isfile(path) and not top.startswith(SKIPPED_TOP):
+                paths.add(path)
+    return sorted(paths)
+
+
+class EveryProcessGroupIsLeftTogether(unittest.TestCase):
+    """torch 2.x can abort a rank ("terminate called without an active exception") whose
+    destroy_process_group races a peer that already exited; a barrier just before it prevents
+    that. Users copy these scripts, so each one must show the safe ending."""
+
+    def test_a_barrier_comes_just_before_every_destroy(self):
+        unsafe = []
+        for path in repository_scripts():
+            with open(path, errors="replace") as f:
+                lines = f.read().splitlines()
+            for number, line in enumerate(lines):
+                match = DESTROY.search(line)
+                if not match:
+                    continue
+                before = line[:match.start()]
+                if "barrier(" not in before:
+                    previous = next((l for l in reversed(lines[:number]) if l.strip()), "")
+                    before = previous
+                if "dist.barrier(" not in before:
+                    unsafe.append(f"{os.path.relpath(path, REPO)}:{number + 1}")
+        self.assertEqual(unsafe, [], "a process group destroyed without a dist.barrier() on "
+                                     "the line before")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ import signal
 import socket
 import subprocess
 import time
+import unittest
 
 from harness import MCPRUN, PYTHON, REPO, TORCH2, TORCHRUN, TORCH_VERSION, LauncherTestCase, alive, wait_for
 import fake_sysfs
@@ -317,6 +318,70 @@ class BadInput(LauncherTestCase):
             self.assertEqual(code, 2, (args, err))
             self.assertEqual(len(err.strip().splitlines()), 1, (args, err))
             self.assertTrue(err.startswith("mcprun: error: "), err)
+
+    def test_standalone_is_one_node(self):
+        worker = ["--no-python", "/bin/sh", "-c", 'touch "$MCPRUN_TEST_DIR/ran.$RANK"']
+        for nnodes in ("2", "1:2"):
+            code, _, err = self.run_mcprun("--standalone", "--nnodes", nnodes, *worker)
+            self.assertEqual(code, 2, err)
+            self.assertEqual(len(err.strip().splitlines()), 1, err)
+            self.assertIn(f"error: --standalone is a one-node job, but --nnodes {nnodes}", err)
+        self.assertEqual(self.files("ran."), [])
+        for nnodes in ("1", "1:1"):  # As torchrun's docs write it, and its MIN:MAX form.
+            code, _, err = self.run_mcprun("--standalone", "--nnodes", nnodes, "-n", "2", *worker)
+            self.assertEqual(code, 0, err)
+        self.assertEqual(self.files("ran."), ["ran.0", "ran.1"])
+
+    def under_nofile_limit(self, soft, hard, *args):
+        """mcprun started with RLIMIT_NOFILE soft:hard, as `ulimit -Sn soft -Hn hard` leaves it."""
+        done = subprocess.run(["prlimit", f"--nofile={soft}:{hard}", MCPRUN, *args], env=self.env,
+                              capture_output=True, text=True, timeout=120)
+        return done.returncode, done.stdout, done.stderr
+
+    def test_more_workers_than_the_open_file_limit_holds_are_refused_before_any_starts(self):
+        worker = ["--no-python", "/bin/sh", "-c", 'touch "$MCPRUN_TEST_DIR/ran.$LOCAL_RANK"']
+        code, _, err = self.under_nofile_limit(256, 256, "-n", "200", *worker)
+        self.assertEqual(code, 2, err)
+        self.assertEqual(len(err.strip().splitlines()), 1, err)
+        self.assertRegex(err, r"^mcprun: error: -n 200 needs up to \d+ open files in mcprun, more "
+                              r"than its limit of 256 \(ulimit -n, raised to the hard limit, "
+                              r"ulimit -Hn\)")
+        self.assertEqual(self.files("ran."), [])
+        # The soft limit is raised to the hard one at startup: 100 ranks need more than 64.
+        code, _, err = self.under_nofile_limit(64, 4096, "-n", "100", *worker)
+        self.assertEqual(code, 0, err)
+        self.assertEqual(len(self.files("ran.")), 100)
+
+    @unittest.skipUnless(os.geteuid() == 0, "runs mcprun as nobody: needs root")
+    def test_paths_the_user_may_not_write_name_the_folder_and_the_reason(self):
+        # A folder that nobody may enter but not write in.
+        os.chmod(self.tmp, 0o755)
+        locked = os.path.join(self.tmp, "locked")
+        os.mkdir(locked, 0o755)
+        worker = ["-n", "1", "--no-python", "/bin/true"]
+        cases = [(["--log-dir", f"{locked}/logs"],
+                  f"--log-dir {locked}/logs: cannot create {locked}/logs: Permission denied"),
+                 (["--log-dir", locked],
+                  f"--log-dir {locked}: cannot create a run folder in {locked}: Permission denied"),
+                 (["--summary-json", f"{locked}/ci/summary.json"],
+                  f"--summary-json {locked}/ci/summary.json: "
+                  f"cannot create {locked}/ci: Permission denied"),
+                 (["--junit", f"{locked}/junit.xml"],
+                  f"--junit {locked}/junit.xml: cannot write in {locked}: Permission denied")]
+        for flags, line in cases:
+            code, out, err = self.run_mcprun(*flags, *worker, user="nobody")
+            self.assertEqual(code, 2, err)
+            self.assertEqual(err.splitlines(), ["mcprun: error: " + line])
+        self.assertEqual(os.listdir(locked), [])
+        # A file where the folder should be, for any user; a missing folder is made.
+        blocked = self.script("blocked", "")
+        code, _, err = self.run_mcprun("--summary-json", f"{blocked}/summary.json", *worker)
+        self.assertEqual(code, 2, err)
+        self.assertEqual(err.splitlines(), [f"mcprun: error: --summary-json {blocked}/summary.json:"
+                                            f" cannot write in {blocked}: Not a directory"])
+        code, _, err = self.run_mcprun("--junit", f"{self.tmp}/new/dir/junit.xml", *worker)
+        self.assertEqual(code, 0, err)
+        self.assertTrue(os.path.exists(f"{self.tmp}/new/dir/junit.xml"))
 
     def test_dry_run_starts_nothing(self):
         script = self.script("t.py", "open(__import__('os').environ['MCPRUN_TEST_DIR'] + '/ran', 'w')\n")

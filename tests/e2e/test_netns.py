@@ -23,7 +23,8 @@ with open(os.path.join(os.environ["MCPRUN_TEST_DIR"], "node.%s.json" % os.enviro
     json.dump({"sum": value.item(), "ifname": os.environ.get("GLOO_SOCKET_IFNAME"),
                "nccl_ifname": os.environ.get("NCCL_SOCKET_IFNAME"),
                "master": os.environ["MASTER_ADDR"]}, f)
-dist.destroy_process_group()  # torch 2.x's gloo threads otherwise may abort the exit.
+dist.barrier()  # Leave together: torch 2.x may abort a teardown racing a departed peer.
+dist.destroy_process_group()
 '''
 
 # A hang after init, across hosts: uneven shards (rank 1 leaves for the barrier a step early) or

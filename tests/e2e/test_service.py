@@ -14,8 +14,10 @@ from test_rendezvous import RendezvousTestCase
 
 # Systemd's watchdog for these tests: pings every 0.2 s.
 WATCHDOG_USEC = 400000
-# Waits in the worker until the test creates $MCPRUN_TEST_DIR/go.
-HOLD = 'echo $$ > "$MCPRUN_TEST_DIR/pid.$RANK"; while [ ! -e "$MCPRUN_TEST_DIR/go" ]; do sleep 0.05; done'
+# Waits in the worker until the test creates $MCPRUN_TEST_DIR/go. The worker script has written
+# its pid file already (the same shell runs this); writing it again would truncate it, and a test
+# reading the pids at that moment would miss one.
+HOLD = 'while [ ! -e "$MCPRUN_TEST_DIR/go" ]; do sleep 0.05; done'
 
 
 class ServiceTestCase(RendezvousTestCase):

@@ -113,6 +113,7 @@ if sys.argv[1] == "ddp":
     dist.all_reduce(t)
     assert t.item() == sum(range(dist.get_world_size())), t
     open(os.path.join(out, "reduced." + rank), "w").write(str(t.item()))
+    dist.barrier()  # Leave together: torch 2.x may abort a teardown racing a departed peer.
     dist.destroy_process_group()
 else:
     while True:
@@ -167,10 +168,11 @@ for step in range(start, STEPS):
             with open(checkpoint + ".tmp", "w") as f:
                 json.dump({"step": step}, f)
             os.replace(checkpoint + ".tmp", checkpoint)
-        dist.barrier()
-        dist.destroy_process_group()  # torch 2.x's gloo threads may abort an exit without it.
+        dist.barrier()  # Leave together: torch 2.x may abort a teardown racing a departed peer.
+        dist.destroy_process_group()
         sys.exit(99)
 note("finished", {"start": start, "last": step})
+dist.barrier()
 dist.destroy_process_group()
 """.replace("STEPS", str(STEPS)).replace("STEP_SECONDS", str(STEP_SECONDS))
 

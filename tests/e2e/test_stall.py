@@ -95,6 +95,7 @@ elif mode == "healthy":
         print(f"step {step}", flush=True)
         mcprun.barrier(f"step-{step}", timeout=60)
     print("agent store:", os.environ["TORCHELASTIC_USE_AGENT_STORE"], flush=True)
+dist.barrier()  # Leave together: torch 2.x may abort a teardown racing a departed peer.
 dist.destroy_process_group()
 print("done", flush=True)
 '''

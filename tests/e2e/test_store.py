@@ -57,8 +57,8 @@ dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{sys.argv[1]}", ra
                         world_size=2, timeout=datetime.timedelta(seconds=30))
 value = torch.tensor([rank + 1.0])
 dist.all_reduce(value)
-dist.barrier()
 print(value.item(), flush=True)
+dist.barrier()  # Leave together: torch 2.x may abort a teardown racing a departed peer.
 dist.destroy_process_group()
 '''
 

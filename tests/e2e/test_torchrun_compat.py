@@ -57,6 +57,7 @@ dist.init_process_group("gloo", init_method=args.init_method, world_size=world_s
 t = torch.ones(1) * (rank + 1)
 dist.all_reduce(t)
 assert t.item() == world_size * (world_size + 1) / 2, t
+dist.barrier()  # Leave together: torch 2.x may abort a teardown racing a departed peer.
 dist.destroy_process_group()
 print("rank %d: sum %d, %s:%s" % (rank, t.item(), os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]))
 '''
