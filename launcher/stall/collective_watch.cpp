@@ -33,8 +33,12 @@ std::string innermost_frames(const std::vector<std::string>& frames, size_t coun
 /// torch 1.x: a rank in backward() outside any collective its stack shows is, under DDP, most
 /// likely in the gradient all-reduce the reducer issues from C++.
 bool in_unseen_backward(const ProgressRecord& record) {
-  if (record.source != "stack" || !record.pending.empty() || record.frames.empty()) return false;
-  return record.frames.back().ends_with(" in backward");
+  if (record.source != "stack" || !record.pending.empty()) return false;
+  // backward() and, on torch 2.x falling back to stacks, the engine call beneath it.
+  const size_t innermost = std::min<size_t>(record.frames.size(), 3);
+  return std::any_of(record.frames.end() - innermost, record.frames.end(), [](const std::string& frame) {
+    return frame.ends_with(" in backward") || frame.ends_with(" in _engine_run_backward");
+  });
 }
 
 }  // namespace

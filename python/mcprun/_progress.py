@@ -1,0 +1,436 @@
+"""The collective progress reporter, run by every worker mcprun starts with
+MCPRUN_COLLECTIVE_WATCH=1 (sitecustomize.py starts it once the program has imported
+torch.distributed). It never imports torch and never raises into the program.
+
+Once torch.distributed is initialised (and on, past destroy_process_group()), every interval it
+sets the job store's key `mcprun/progress/<RANK>` (the store mcprun serves at
+MASTER_ADDR:MASTER_PORT, through a client connection of its own) to one JSON record of under
+4 KiB:
+
+    {"v": 1, "rank": 2, "pid": 4242, "n": 17, "source": "flight_recorder", "completed": 52,
+     "pending": [{"group": "0", "group_ranks": [0, 1, 2], "op": "all_reduce", "seq": 53,
+                  "backend": "gloo", "pending_s": 12.5}],
+     "cpu_s": 40.21, "frames": ["train.py:41 in main", "_tensor.py:626 in backward"]}
+
+n counts the records this process built. source says where completed and pending come from:
+
+- "flight_recorder" (torch >= 2.x): torch's in-process Flight Recorder, which also sees the
+  collectives DDP issues from C++. completed is the sum over this rank's groups of the highest
+  last completed collective sequence number seen; pending lists the collectives enqueued and not
+  completed, oldest first, seq their collective sequence number, pending_s their age. They are
+  read once a group's in-flight collective or the main thread's collective call has lasted two
+  samples, so a healthy loop costs one small status query per interval. Until then, and for a
+  call it does not record (gloo's send and recv), the stack's entry stands in.
+- "stack" (torch 1.13, or a Flight Recorder that records nothing): the main thread's stack.
+  Its collective call in distributed_c10d.py is pending (seq -1, pending_s since this reporter
+  first saw the call); completed counts the collectives issued on this rank's groups (their
+  sequence numbers, DDP's included) since the reporter first saw each, less the one pending, or
+  where a backend numbers none, the calls seen to return. It compares across the records of one
+  process, not across ranks. DDP's all-reduce, issued from C++, shows only as backward in frames.
+
+At most 4 pending entries are listed; group_ranks is [] for a group of more than 64 ranks.
+cpu_s is the CPU time of this process, its reaped children and its live descendants (DataLoader
+workers), from /proc. frames are the main thread's innermost 6 frames, innermost last.
+
+Once mcprun sets `mcprun/flight_recorder/dump` (on a stall), each reporter with a Flight Recorder
+writes its dump once, in the pickle torch's analyzer reads, to $TORCH_FR_DUMP_TEMP_FILE<RANK>.
+"""
+
+import atexit
+import datetime
+import json
+import os
+import pickle
+import socket
+import sys
+import threading
+import time
+
+RECORD_VERSION = 1
+KEY_PREFIX = "mcprun/progress/"
+DUMP_REQUEST_KEY = "mcprun/flight_recorder/dump"
+# Bounds the store client's connect and each set: a slow store delays only this thread.
+STORE_TIMEOUT_S = 2.0
+# How long exit waits for the thread to close its store connection.
+EXIT_WAIT_S = 0.2
+MAX_PENDING = 4
+MAX_FRAMES = 6
+MAX_GROUP_RANKS = 64
+MAX_NAME_CHARS = 80
+# How often /proc is scanned for new descendants; known ones are read every interval.
+DESCENDANT_SCAN_S = 10.0
+# torch >= 2.x's Flight Recorder dumps: gloo and the other CPU backends, then NCCL (CUDA builds).
+FLIGHT_RECORDER_DUMPS = ("_dump_fr_trace_json", "_dump_nccl_trace_json")
+# The blocking calls of distributed_c10d.py, 1.13 and 2.13 (new_group: every rank must call it).
+COLLECTIVES = frozenset({
+    "all_gather", "all_gather_coalesced", "all_gather_into_tensor", "all_gather_multigpu",
+    "all_gather_object", "all_gather_single", "all_reduce", "all_reduce_coalesced",
+    "all_reduce_multigpu", "all_to_all", "all_to_all_single", "barrier", "broadcast",
+    "broadcast_multigpu", "broadcast_object_list", "gather", "gather_object", "monitored_barrier",
+    "new_group", "recv", "recv_object_list", "reduce", "reduce_multigpu", "reduce_scatter",
+    "reduce_scatter_multigpu", "reduce_scatter_single", "reduce_scatter_tensor", "scatter",
+    "scatter_object_list", "send", "send_object_list", "_all_gather_base", "_reduce_scatter_base",
+})
+
+
+def debug(message):
+    if os.environ.get("MCPRUN_PROGRESS_DEBUG") == "1":
+        sys.stderr.write(f"mcprun progress: {message}\n")
+
+
+def run(main_thread_id, interval_s):
+    """Reports until the interpreter exits; the body of the thread sitecustomize starts."""
+    Reporter(main_thread_id, interval_s).run()
+
+
+def clip(text):
+    return text if len(text) <= MAX_NAME_CHARS else text[:MAX_NAME_CHARS - 3] + "..."
+
+
+class Reporter:
+    """One record per interval into the job store, on a connection of its own."""
+
+    def __init__(self, main_thread_id, interval_s):
+        self.main_thread_id = main_thread_id
+        self.interval_s = interval_s
+        self.owner_pid = os.getpid()
+        self.stop_requested = threading.Event()
+        self.stopped = threading.Event()
+        self.store = None
+        self.records = 0
+        self.dump_prefix = os.environ.get("TORCH_FR_DUMP_TEMP_FILE")
+        self.dumped = False
+        self.groups = Groups()
+        self.flight_recorder = FlightRecorderProbe(self.groups)
+        self.stack = StackProbe(self.groups)
+        self.cpu = CpuClock()
+
+    def run(self):
+        atexit.register(self.stop)
+        try:
+            while not self.stop_requested.wait(self.interval_s):
+                try:
+                    self.report()
+                except Exception as error:
+                    debug(f"no report this interval: {error!r}")
+        finally:
+            self.store = None  # Closes the connection.
+            self.stopped.set()
+
+    def stop(self):
+        # A forked child inherits this exit handler but not the thread it would wait for.
+        if os.getpid() != self.owner_pid:
+            return
+        self.stop_requested.set()
+        self.stopped.wait(EXIT_WAIT_S)
+
+    def report(self):
+        dist = sys.modules.get("torch.distributed")
+        rank = os.environ.get("RANK")
+        # Past destroy_process_group() too: a last record's pending call would read as a stall.
+        if dist is None or rank is None or not (self.records or dist.is_initialized()):
+            return
+        store = self.connected_store(dist)
+        if store is None:
+            return
+        record = self.record(dist, int(rank))
+        try:
+            store.set(KEY_PREFIX + rank, json.dumps(record, separators=(",", ":")).encode())
+            dump_requested = (record["source"] == "flight_recorder" and self.dump_prefix
+                              and not self.dumped and store.check([DUMP_REQUEST_KEY]))
+        except Exception:
+            self.store = None  # Reconnects next interval.
+            raise
+        if dump_requested:
+            self.dumped = True  # Once: a dump that fails is not retried every interval.
+            self.flight_recorder.write_dump(self.dump_prefix + rank)
+
+    def connected_store(self, dist):
+        if self.store is None:
+            host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+            if not host or not port:
+                return None
+            # A plain connect first: torch's client logs every failed attempt to stderr.
+            try:
+                socket.create_connection((host, int(port)), timeout=STORE_TIMEOUT_S).close()
+            except OSError:
+                return None
+            self.store = dist.TCPStore(host, int(port), None, False,
+                                       datetime.timedelta(seconds=STORE_TIMEOUT_S),
+                                       wait_for_workers=False)
+        return self.store
+
+    def record(self, dist, rank):
+        frame = sys._current_frames().get(self.main_thread_id)
+        source, (completed, pending) = self.progress(dist, frame)
+        self.records += 1
+        return {"v": RECORD_VERSION, "rank": rank, "pid": os.getpid(), "n": self.records,
+                "source": source, "completed": completed, "pending": pending[:MAX_PENDING],
+                "cpu_s": round(self.cpu.seconds(), 2), "frames": innermost_frames(frame)}
+
+    def progress(self, dist, frame):
+        """(source, (completed, pending)): a torch internal that is missing or changed costs
+        the Flight Recorder, then the stack, never the record."""
+        call = outermost_collective(frame)
+        try:
+            in_call = self.stack.pending(dist, call)
+        except Exception as error:
+            debug(f"stack unreadable: {error!r}")
+            in_call = []
+        try:
+            progress = self.flight_recorder.sample(call)
+            if progress is not None:
+                completed, pending = progress
+                # A call it does not record (gloo's send and recv) is still a pending call.
+                return "flight_recorder", (completed, pending or in_call)
+        except Exception as error:
+            debug(f"Flight Recorder unreadable: {error!r}")
+        try:
+            return "stack", (self.stack.completed(len(in_call)), in_call)
+        except Exception as error:
+            debug(f"no sequence numbers: {error!r}")
+            return "stack", (-1, in_call)
+
+
+def innermost_frames(frame):
+    frames = []
+    while frame is not None and len(frames) < MAX_FRAMES:
+        code = frame.f_code
+        where = f"{os.path.basename(code.co_filename)}:{frame.f_lineno}"
+        frames.append(clip(f"{where} in {code.co_name}"))
+        frame = frame.f_back
+    return frames[::-1]
+
+
+class Groups:
+    """This rank's process groups: their names (the default group's is "0") and global ranks."""
+
+    def __init__(self):
+        self.ranks_by_name = {}
+
+    @staticmethod
+    def names():
+        c10d = sys.modules["torch.distributed.distributed_c10d"]
+        world = getattr(c10d, "_world", None)  # torch 2.x; 1.13 keeps module globals.
+        return dict(world.pg_names if world is not None else c10d._pg_names)
+
+    def ranks(self, name, limit=MAX_GROUP_RANKS):
+        """The group's global ranks; [] when unknown or more than `limit` (None: no limit)."""
+        if name not in self.ranks_by_name:
+            c10d = sys.modules["torch.distributed.distributed_c10d"]
+            for group, group_name in self.names().items():
+                self.ranks_by_name[group_name] = c10d.get_process_group_ranks(group)
+            self.ranks_by_name.setdefault(name, [])  # Unknown stays unknown: no rebuild per sample.
+        ranks = self.ranks_by_name[name]
+        return ranks if limit is None or len(ranks) <= limit else []
+
+
+class FlightRecorderProbe:
+    """Progress from torch's Flight Recorder; None where it has recorded nothing."""
+
+    def __init__(self, groups):
+        self.groups = groups
+        self.recording = set()     # the dumps whose statuses named a group
+        self.previous = {}         # (dump, pg id) -> its status at the previous sample
+        self.nothing_pending = {}  # (dump, pg id) -> a status a full dump found nothing in flight
+        self.highest_completed = {}
+        self.previous_call = None  # id() of the collective frame the main thread was in
+
+    def sample(self, call):
+        """`call`: the main thread's collective frame, if any; one it is still in since the
+        previous sample is worth a full dump too (send and recv count in no group's status)."""
+        c10d = sys.modules.get("torch._C._distributed_c10d")
+        dumps = {name: getattr(c10d, name) for name in FLIGHT_RECORDER_DUMPS if hasattr(c10d, name)}
+        statuses = {}
+        for name, dump in dumps.items():
+            # Statuses alone: a few microseconds, where entries cost milliseconds.
+            for pg_id, status in json.loads(dump(False, True)).get("pg_status", {}).items():
+                statuses[(name, pg_id)] = (int(status["last_enqueued_collective"]),
+                                           int(status["last_completed_collective"]))
+        if not statuses:
+            return None
+        self.recording = {name for name, _ in statuses}
+        for key, (_, completed) in statuses.items():
+            self.highest_completed[key] = max(self.highest_completed.get(key, 0), completed)
+        # gloo completes out of order, so last_completed can trail last_enqueued while nothing is
+        # in flight: a full dump settles it, once per such status.
+        stuck = [key for key, status in statuses.items()
+                 if status[0] > status[1] and self.previous.get(key) == status
+                 and self.nothing_pending.get(key) != status]
+        self.previous = statuses
+        in_same_call = call is not None and id(call) == self.previous_call
+        self.previous_call = id(call) if call is not None else None
+        pending = []
+        if stuck or in_same_call:
+            # Every recorder for a call no status shows, else only those of the stuck groups.
+            names = set(dumps) if in_same_call else {name for name, _ in stuck}
+            pending = self.pending_entries({name: dumps[name] for name in names}, statuses, stuck)
+        return sum(self.highest_completed.values()), pending
+
+    def pending_entries(self, dumps, statuses, stuck):
+        now_ns = time.time_ns()
+        entries = []
+        for name, dump in dumps.items():
+            for entry in json.loads(dump(True, True)).get("entries", []):
+                if not entry.get("retired") and entry.get("state") != "completed":
+                    entries.append((name, entry))
+        for key in stuck:
+            if not any((name, str(entry.get("pg_id"))) == key for name, entry in entries):
+                self.nothing_pending[key] = statuses[key]
+        entries.sort(key=lambda item: item[1].get("time_created_ns", 0))
+        return [self.describe(entry, now_ns) for _, entry in entries[:MAX_PENDING]]
+
+    def write_dump(self, path):
+        """Writes the full pickled dump (NCCL's where it records) to `path`, whole or not at all."""
+        if not self.recording:
+            return
+        c10d = sys.modules["torch._C._distributed_c10d"]
+        name = max(self.recording, key=FLIGHT_RECORDER_DUMPS.index).removesuffix("_json")
+        dump = pickle.loads(getattr(c10d, name)())
+        # gloo's recorder files its groups' ranks under one blank name; torch's analyzer looks
+        # them up by the entries' group names.
+        for entry in dump.get("entries", []):
+            group, description = entry["process_group"]
+            dump["pg_config"].setdefault(group, {"name": group, "desc": description,
+                                                 "ranks": str(self.groups.ranks(group, None))})
+        folder = os.path.dirname(path) or os.curdir
+        os.makedirs(folder, exist_ok=True)  # Whether or not mcprun has made it yet.
+        # Not named like a dump: torch's analyzer reads every file in the folder with the prefix.
+        partial = os.path.join(folder, f".mcprun-partial-{os.getpid()}")
+        with open(partial, "wb") as out:
+            pickle.dump(dump, out)
+        os.replace(partial, path)
+
+    def describe(self, entry, now_ns):
+        backend, separator, op = entry.get("profiling_name", "").partition(":")
+        if not separator:
+            backend, op = "", backend
+        group = str((entry.get("process_group") or [entry.get("pg_id", "")])[0])
+        seq = entry.get("p2p_seq_id" if entry.get("is_p2p") else "collective_seq_id", -1)
+        return {"group": group, "group_ranks": self.groups.ranks(group), "op": clip(op),
+                "seq": seq, "backend": backend,
+                "pending_s": round(max(now_ns - entry.get("time_created_ns", now_ns), 0) / 1e9, 3)}
+
+
+class StackProbe:
+    """Progress from the main thread's stack: the collective call it is in, and for a torch
+    without a Flight Recorder, how many collectives it has issued."""
+
+    def __init__(self, groups):
+        self.groups = groups
+        self.watched = None        # (frame id, group name, sequence number) of the pending call
+        self.watched_since = 0.0
+        self.finished = 0          # pending calls seen to return, where sequence numbers fail
+        self.first_sequence = {}   # group name -> its sequence number when first seen
+        self.highest_completed = 0
+
+    def pending(self, dist, call):
+        """[the collective `call` (a frame) as a pending entry], or [] outside one."""
+        watched, pending = None, []
+        if call is not None:
+            c10d = sys.modules["torch.distributed.distributed_c10d"]
+            names = self.groups.names()
+            group = call.f_locals.get("group")
+            if group not in names:  # None or GroupMember.WORLD's placeholder: the default group.
+                group = c10d._get_default_group()
+            name = names.get(group, "0")
+            # The sequence number tells a new call from an old one whose frame address it reuses.
+            watched = (id(call), name, sequence_number(group))
+            if watched != self.watched:
+                self.watched_since = time.monotonic()
+            pending.append({"group": name, "group_ranks": self.groups.ranks(name),
+                            "op": call.f_code.co_name, "seq": -1,
+                            "backend": backend_name(dist, group),
+                            "pending_s": round(time.monotonic() - self.watched_since, 3)})
+        if self.watched is not None and watched != self.watched:
+            self.finished += 1
+        self.watched = watched
+        return pending
+
+    def completed(self, pending_count):
+        """Collectives issued on this rank's groups since first seen, less those pending; where a
+        backend has no sequence numbers, the pending calls seen to return."""
+        sequences = {name: sequence_number(group) for group, name in self.groups.names().items()}
+        if None in sequences.values():
+            completed = self.finished
+        else:
+            completed = sum(sequence - self.first_sequence.setdefault(name, sequence)
+                            for name, sequence in sequences.items()) - pending_count
+        self.highest_completed = max(self.highest_completed, completed)
+        return self.highest_completed
+
+
+def outermost_collective(frame):
+    """The outermost frame of a torch.distributed collective on the stack (all_gather_object,
+    not the all_gather it calls), or None."""
+    found = None
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name in COLLECTIVES and code.co_filename.endswith("distributed_c10d.py"):
+            found = frame
+        frame = frame.f_back
+    return found
+
+
+def sequence_number(group):
+    try:
+        return group._get_sequence_number_for_group()
+    except Exception:
+        return None  # A backend without sequence numbers (MPI).
+
+
+def backend_name(dist, group):
+    try:
+        return str(dist.get_backend(group))
+    except Exception:
+        return ""
+
+
+class CpuClock:
+    """CPU seconds of this process, its reaped children and its live descendants, from /proc."""
+
+    def __init__(self):
+        self.ticks_per_s = os.sysconf("SC_CLK_TCK")
+        self.descendants = []  # (pid, start time): a pid reused by a stranger is not ours.
+        self.next_scan = 0.0
+
+    def seconds(self):
+        if time.monotonic() >= self.next_scan:
+            self.descendants = self.scan_descendants()
+            self.next_scan = time.monotonic() + DESCENDANT_SCAN_S
+        ticks = self.process_ticks(os.getpid())[0]
+        for pid, start in self.descendants:
+            descendant_ticks, descendant_start = self.process_ticks(pid)
+            if descendant_start == start:
+                ticks += descendant_ticks
+        return ticks / self.ticks_per_s
+
+    @staticmethod
+    def stat_fields(pid):
+        """/proc/<pid>/stat's fields after the command name, or None for a process gone."""
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as stat:
+                return stat.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            return None
+
+    def process_ticks(self, pid):
+        """(utime + stime + cutime + cstime, start time) of `pid`; (0, None) once it is gone."""
+        fields = self.stat_fields(pid)
+        if fields is None:
+            return 0, None
+        return sum(int(field) for field in fields[11:15]), fields[19]
+
+    def scan_descendants(self):
+        children = {}
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                fields = self.stat_fields(entry)
+                if fields is not None:
+                    children.setdefault(int(fields[1]), []).append((int(entry), fields[19]))
+        found, frontier = [], [os.getpid()]
+        while frontier:
+            for child in children.get(frontier.pop(), []):
+                found.append(child)
+                frontier.append(child[0])
+        return found

@@ -1,0 +1,100 @@
+"""Runs at the start of every worker mcprun launches: mcprun puts this folder first on PYTHONPATH.
+
+With MCPRUN_COLLECTIVE_WATCH=1 it starts the collective progress reporter (mcprun._progress) on a
+thread that waits for the program to import torch.distributed; either way it then runs the
+sitecustomize the user's sys.path holds after this one, as site would have.
+
+Importing anything beyond os, sys and _thread here would slow every interpreter's start: json,
+threading and the reporter are imported by the thread, once torch has imported them all anyway.
+"""
+import os
+import sys
+
+# Flight Recorder entries torch >= 2.x keeps per process when the user chose no size: enough for
+# the oldest in-flight collective of a many-bucket DDP model, and reading them all costs ~5 ms
+# (torch 2.13's own default, 2000, ~60 ms, holding the recorder's lock).
+_FLIGHT_RECORDER_ENTRIES = "256"
+_DEFAULT_INTERVAL_S = 1.0
+_MIN_INTERVAL_S = 0.05
+
+
+def _debug(message):
+    if os.environ.get("MCPRUN_PROGRESS_DEBUG") == "1":
+        sys.stderr.write(f"mcprun progress: {message}\n")
+
+
+def _interval_s():
+    try:
+        interval = float(os.environ.get("MCPRUN_PROGRESS_INTERVAL_S", _DEFAULT_INTERVAL_S))
+    except ValueError:
+        return _DEFAULT_INTERVAL_S
+    return max(interval, _MIN_INTERVAL_S) if interval > 0 else _DEFAULT_INTERVAL_S
+
+
+def _torch_distributed_imported():
+    module = sys.modules.get("torch.distributed")
+    spec = getattr(module, "__spec__", None)
+    # Until threading is imported, the first thread to import it would become its main thread.
+    return (spec is not None and not getattr(spec, "_initializing", False)
+            and "threading" in sys.modules)
+
+
+def _wait_then_report(main_thread_id, interval_s):
+    """The reporter thread: idles on a dictionary lookup until the program has imported
+    torch.distributed, then reports until the interpreter exits."""
+    import time
+    try:
+        while not _torch_distributed_imported():
+            time.sleep(interval_s)
+        from mcprun import _progress
+        _progress.run(main_thread_id, interval_s)
+    except Exception as error:
+        _debug(f"reporter stopped: {error!r}")
+
+
+def _start_collective_watch():
+    try:
+        if not {"TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"} & os.environ.keys():
+            # Read by torch when the first process group records a collective, long after this.
+            os.environ["TORCH_FR_BUFFER_SIZE"] = _FLIGHT_RECORDER_ENTRIES
+        import _thread
+        _thread.start_new_thread(_wait_then_report, (_thread.get_ident(), _interval_s()))
+    except Exception as error:
+        _debug(f"reporter not started: {error!r}")
+
+
+def _chain_to_user_sitecustomize():
+    """Imports the next sitecustomize on sys.path, leaving it as sys.modules['sitecustomize'].
+    Its exceptions propagate: site reports them exactly as it would have without us."""
+    ours = os.path.realpath(os.path.dirname(__file__))
+    others = [entry for entry in sys.path if os.path.realpath(entry or os.curdir) != ours]
+    for finder in sys.meta_path:
+        find_spec = getattr(finder, "find_spec", None)
+        spec = find_spec(__name__, others) if find_spec else None
+        if spec is not None:
+            break
+    else:
+        return
+    if not hasattr(spec.loader, "exec_module"):
+        return
+    # importlib's own, already loaded: importlib.util would cost ~9 ms of imports at every start.
+    import _frozen_importlib
+    module = _frozen_importlib.module_from_spec(spec)
+    sys.modules[__name__] = module
+    spec.loader.exec_module(module)
+
+
+def _main():
+    watch = os.environ.get("MCPRUN_COLLECTIVE_WATCH") == "1"
+    if watch:
+        # DataLoader workers and the user's subprocesses inherit no reporter of their own.
+        del os.environ["MCPRUN_COLLECTIVE_WATCH"]
+    try:
+        _chain_to_user_sitecustomize()
+    finally:
+        # After the user's sitecustomize, so that a buffer size it sets is the one kept.
+        if watch:
+            _start_collective_watch()
+
+
+_main()
