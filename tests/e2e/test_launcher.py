@@ -28,7 +28,9 @@ class DistributedTraining(LauncherTestCase):
 
     # Variables mcprun adds on purpose, beyond torchrun's (docs/worker-environment.md).
     MCPRUN_ONLY = {"MCPRUN_AGENT_SOCKET", "TORCHELASTIC_TIMER_FILE", "PYTHONPATH", "PYTHONFAULTHANDLER",
-                   "TORCH_DIST_INIT_BARRIER", "NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_ASYNC_ERROR_HANDLING"}
+                   "TORCH_DIST_INIT_BARRIER", "NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+                   # The collective watchdog's (docs/worker-environment.md).
+                   "MCPRUN_COLLECTIVE_WATCH", "TORCH_FR_DUMP_TEMP_FILE", "TORCH_FR_BUFFER_SIZE"}
 
     def test_environment_matches_torchrun_variable_by_variable(self):
         dump = self.script("dump_env.py", r'''
@@ -426,6 +428,11 @@ with open(os.path.join(sys.argv[1], "env.%s.json" % os.environ["LOCAL_RANK"]), "
             for name in ("TORCHELASTIC_TIMER_FILE", "MCPRUN_AGENT_SOCKET", "PYTHONPATH", "NCCL_DEBUG_FILE"):
                 self.assertIn(name, planned[rank])
             # Each listed value is the worker's, but for the run's folder, which a dry run never makes.
+            # The worker's sitecustomize takes the reporter's switch out as it starts the reporter,
+            # and arms torch's Flight Recorder itself, before torch is imported.
+            self.assertEqual(planned[rank].pop("MCPRUN_COLLECTIVE_WATCH"), "1")
+            self.assertNotIn("MCPRUN_COLLECTIVE_WATCH", real)
+            self.assertEqual(real.pop("TORCH_FR_BUFFER_SIZE"), "256")
             for name, value in planned[rank].items():
                 before, placeholder, after = value.partition("<run dir>")
                 got = real.get(name, "<unset>")
