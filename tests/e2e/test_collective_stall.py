@@ -11,7 +11,7 @@ from harness import PYTHON, TORCH2, LauncherTestCase
 
 # Every rank records its pid, initialises gloo, then does what $SCENARIO says for its rank.
 WORKER = r'''
-import os, queue, sys, threading, time
+import os, queue, signal, sys, threading, time
 rank = int(os.environ["RANK"])
 with open(os.path.join(os.environ["MCPRUN_TEST_DIR"], f"pid.{rank}"), "w") as f:
     f.write(str(os.getpid()))
@@ -70,6 +70,24 @@ elif scenario == "subgroup":
         threading.Event().wait()
     else:
         threading.Event().wait()  # Not a member: nobody waits for it.
+elif scenario == "wedged_peer":
+    # Rank 2 enters the all-reduce and then freezes whole, as a peer behind a broken transport
+    # or a wedged GPU would: once its progress record shows the call pending, it stops itself.
+    # The others join after that, so every member is in a collective that never completes.
+    marker = os.path.join(os.environ["MCPRUN_TEST_DIR"], "rank2-frozen")
+    if rank == 2:
+        def freeze_once_reported():
+            store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                                  is_master=False)
+            while b'"pending":[{' not in store.get("mcprun/progress/2"):
+                time.sleep(0.1)
+            open(marker, "w").close()
+            os.kill(os.getpid(), signal.SIGSTOP)
+        threading.Thread(target=freeze_once_reported, daemon=True).start()
+    else:
+        while not os.path.exists(marker):
+            time.sleep(0.1)
+    dist.all_reduce(torch.ones(4))
 elif scenario == "busy_rank0":
     dist.barrier()
     if rank == 0:
@@ -198,6 +216,17 @@ class CollectiveStallTest(CollectiveStallCase):
         collective = self.stall_summary()
         self.assertEqual(collective["group_ranks"], [0, 1])
         self.assertNotEqual(collective["group"], "0")
+
+    def test_a_collective_every_member_is_in_that_never_completes_points_at_the_transport(self):
+        self.env["MCPRUN_PROGRESS_INTERVAL_S"] = "0.2"
+        code, _, err, _ = self.launch("wedged_peer")
+        self.assertEqual(code, 3, err)
+        collective = self.stall_summary()
+        self.assertEqual((collective["op"], collective["in"], collective["missing"]),
+                         ("all_reduce", [0, 1, 2], []))
+        self.assertIn("not in it: none", err)
+        self.assertIn("every member is in it and it never completes", err)
+        self.assertIn("mcprun doctor", err)
 
     def test_rank_0_busy_for_three_timeouts_while_the_others_wait_is_no_stall(self):
         code, out, err, elapsed = self.launch("busy_rank0", hold=3 * TIMEOUT)
