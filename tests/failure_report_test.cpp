@@ -16,7 +16,7 @@ std::vector<WorkerOutcome> three_workers() {
     workers[i].pid = 100 + i;
   }
   workers[1].exit_code = 7;
-  workers[1].tail = {"loading data", "boom"};
+  workers[1].tail = {"loading data", "\x1b[31mboom\x1b[0m"};
   workers[2].signal = SIGSEGV;
   workers[0].signal = SIGTERM;
   workers[0].stopped_by_launcher = true;

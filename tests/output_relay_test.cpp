@@ -109,7 +109,7 @@ TEST(RankOutput, ProgressUpdatesArriveAsWrittenAndWholeLinesStayWhole) {
   ASSERT_EQ(rank.tail().size(), 3u);
   EXPECT_EQ(rank.tail()[0], "progress 1");
   EXPECT_EQ(rank.tail()[1], "half a line");
-  EXPECT_EQ(rank.tail()[2], "green");  // The report quotes text, not colour codes.
+  EXPECT_EQ(rank.tail()[2], "\x1b[32mgreen\x1b[0m");  // As written: reports quote it printable.
 }
 
 TEST(RankOutput, AWorkerOnATerminalConsoleGetsATerminalOfItsOwnSizedAsIt) {

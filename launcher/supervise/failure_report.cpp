@@ -8,6 +8,7 @@
 #include "common/exit_status.hpp"
 #include "common/sys.hpp"
 #include "launcher/process/process_control.hpp"
+#include "launcher/supervise/output_relay.hpp"
 
 namespace mcprun {
 namespace {
@@ -70,7 +71,7 @@ std::string format_failure_report(const std::vector<WorkerOutcome>& workers, siz
            "torch.distributed.elastic.multiprocessing.errors.record for a traceback)\n";
   }
   out << "  last output (" << root.tail.size() << " lines):\n";
-  for (const auto& line : root.tail) out << "    " << line << "\n";
+  for (const auto& line : root.tail) out << "    " << printable_text(line) << "\n";
 
   std::vector<const WorkerOutcome*> also_failed;
   std::string stopped;

@@ -249,7 +249,7 @@ void RankOutput::end_line(Stream& stream) {
     if (bare_end) stream.console->end_progress(&stream);
     else stream.console->write_line(&stream, prefix_, line);
   }
-  tail_.push_back(printable_text(line));
+  tail_.push_back(line);
   if (tail_.size() > kTailLines) tail_.pop_front();
 }
 

@@ -92,7 +92,8 @@ class RankOutput {
   bool drained() const { return open_streams_ == 0; }
   /// Flushes partial lines and stops reading (used when a drain deadline passes).
   void finish();
-  /// The last lines, without control sequences.
+  /// The last lines as written (a progress line's last state); reports quote them through
+  /// printable_text().
   const std::deque<std::string>& tail() const { return tail_; }
   /// When the rank last printed a line or a progress update (or started, before that).
   std::chrono::steady_clock::time_point last_output() const { return last_output_; }

@@ -173,7 +173,7 @@ std::vector<WorkerStatus> WorkerGroup::status() const {
     status.running = worker.running;
     if (worker.pid > 0 && !worker.running)
       status.ended = describe_exit(worker.outcome.exit_code, worker.outcome.signal);
-    if (!worker.output->tail().empty()) status.last_line = worker.output->tail().back();
+    if (!worker.output->tail().empty()) status.last_line = printable_text(worker.output->tail().back());
     status.last_output = worker.output->last_output();
     status.stack_file = worker.stack_file;
     statuses.push_back(std::move(status));

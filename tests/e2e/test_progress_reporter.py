@@ -75,6 +75,7 @@ elif scenario == "finish":
 elif scenario == "destroy":
     dist.all_reduce(torch.ones(1))
     time.sleep(5 * float(os.environ["MCPRUN_PROGRESS_INTERVAL_S"]))  # Seen initialised first.
+    dist.barrier()
     dist.destroy_process_group()
     print("destroyed", flush=True)
     time.sleep(600)  # Evaluating alone, say.
