@@ -185,8 +185,8 @@ void WorkerGroup::dump_stalled_workers() {
   if (!config_.stack_dumps)
     for (Worker& worker : workers_) worker.stack_file.clear();
   if (stall_listener_) stall_listener_(*stall_, status());
+  if (!config_.stack_dumps) return;  // Stop at once: no dumps of any kind.
   await_flight_recorder_dumps();
-  if (!config_.stack_dumps) return;
   std::vector<StackDumpRequest> requests;
   for (const Worker& worker : workers_)
     if (worker.running) requests.push_back({worker.pid, worker.stack_file});
