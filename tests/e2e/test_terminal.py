@@ -61,7 +61,13 @@ class TerminalTest(LauncherTestCase):
         command = " ".join([MCPRUN, *mcprun_args]) + f"; echo $? > {self.exit_file}; sleep 600"
         started = self.tmux("new-session", "-d", "-x", str(columns), "-y", str(lines), command)
         self.assertEqual(started.returncode, 0, started.stderr)
-        self.addCleanup(self.tmux, "kill-server")
+
+    def tearDown(self):
+        # Before the temp folder, and the server's socket in it, is gone: nothing outlives a test.
+        if getattr(self, "tmux_socket", None):
+            self.tmux("kill-server")
+            wait_for(lambda: not os.path.exists(self.tmux_socket), 5)
+        super().tearDown()
 
     def screen(self):
         return self.tmux("capture-pane", "-p", "-J").stdout
