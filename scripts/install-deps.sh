@@ -6,7 +6,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake
-  libboost-dev libyaml-cpp-dev libspdlog-dev libcli11-dev nlohmann-json3-dev libgtest-dev
+  libboost1.81-dev libyaml-cpp-dev libspdlog-dev libcli11-dev nlohmann-json3-dev libgtest-dev
   python3 python3-torch  # Debian's torch 1.13: the example, the end-to-end tests, torchrun to compare
   python3-venv           # .venv: torch 2.13, its torchrun, and py-spy for stack dumps
   iproute2 procps
