@@ -34,6 +34,8 @@ class LeaseBook {
   std::string shortage(int gpu_count) const;
   size_t gpu_count() const { return gpus_.size(); }
   size_t leased_gpus() const;
+  /// Master ports leased: one per lease.
+  size_t leased_ports() const { return leases_.size(); }
 
  private:
   std::vector<std::string> gpus_;

@@ -54,6 +54,7 @@ class LeaseQueue {
   std::string position(const void* waiter, int gpu_count) const;
   size_t gpu_count() const { return book_.gpu_count(); }
   size_t leased_gpus() const { return book_.leased_gpus(); }
+  size_t leased_ports() const { return book_.leased_ports(); }
   size_t waiting_count() const { return waiting_.size(); }
 
  private:

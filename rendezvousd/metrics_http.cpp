@@ -53,6 +53,8 @@ std::string render_metrics(const ServerStats& stats, const ServerLoad& load, uin
   sample("mcprun_restarts_total", stats.restarts);
   family("mcprun_gpu_leases", "gauge", "GPUs leased to jobs on this host.");
   sample("mcprun_gpu_leases", load.leased_gpus);
+  family("mcprun_port_leases", "gauge", "Master ports leased to jobs on this host.");
+  sample("mcprun_port_leases", load.leased_ports);
   family("process_resident_memory_bytes", "gauge", "Resident memory size in bytes.");
   sample("process_resident_memory_bytes", resident_bytes);
   return out;

@@ -24,9 +24,10 @@ std::vector<std::string> box_gpus() {
   return bus_ids;
 }
 
-/// Whether nothing on this host holds `port` (a plain bind, as a job's store would need).
-bool port_is_free(int port) {
-  tcp::acceptor probe(asio::system_executor{});
+/// Whether nothing on this host holds `port` (a plain bind, as a job's store would need). On the
+/// daemon's own loop: asio's system executor would start a thread pool, with its own descriptors.
+bool port_is_free(asio::io_context& io, int port) {
+  tcp::acceptor probe(io);
   boost::system::error_code ec;
   probe.open(tcp::v4(), ec);
   if (!ec) probe.bind({tcp::v4(), static_cast<unsigned short>(port)}, ec);
@@ -41,7 +42,7 @@ RendezvousServer::RendezvousServer(asio::io_context& io, const tcp::endpoint& li
       acceptor_(io, listen, /*reuse_address=*/true),
       settings_(std::move(settings)),
       leases_(LeaseBook(box_gpus(), settings_.lease_port_first, settings_.lease_port_last),
-              port_is_free) {
+              [&io](int port) { return port_is_free(io, port); }) {
   accept();
   if (!settings_.unix_socket.empty()) {
     ::unlink(settings_.unix_socket.c_str());  // A stale socket from a previous run.
@@ -78,7 +79,8 @@ bool RendezvousServer::job_finished(const std::string& job_id) const {
 }
 
 ServerLoad RendezvousServer::load() const {
-  ServerLoad load{.connections = sessions_.size(), .leased_gpus = leases_.leased_gpus()};
+  ServerLoad load{.connections = sessions_.size(), .leased_gpus = leases_.leased_gpus(),
+                  .leased_ports = leases_.leased_ports()};
   for (const auto& [id, job] : jobs_) {
     ++(job.finished ? load.finished : job.running ? load.running : load.joining);
     if (!job.finished) load.nodes += job.members.size();

@@ -65,6 +65,7 @@ struct ServerLoad {
   size_t nodes = 0;                               ///< Members of the jobs that have not finished.
   size_t connections = 0;                         ///< Agent and operator connections.
   size_t leased_gpus = 0;                         ///< GPUs leased to local jobs.
+  size_t leased_ports = 0;                        ///< Master ports leased to local jobs.
 };
 
 class AgentSession;

@@ -60,28 +60,52 @@ def can_make_namespaces():
     return True
 
 
+class NamespaceHosts:
+    """`count` hosts, each a network namespace with its own IP on a veth pair into a bridge that
+    lives in a namespace of its own. remove() deletes them all."""
+
+    def __init__(self, count):
+        tag = f"{os.getpid() % 10000}-{int(time.monotonic() * 1000) % 100000}"
+        self.subnet = 1 + os.getpid() % 250
+        self.switch = f"mcprun-sw-{tag}"
+        self.names = [f"mcprun-h{i}-{tag}" for i in range(count)]
+        ip("netns", "add", self.switch)
+        try:
+            ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
+            ip("-n", self.switch, "link", "set", "br0", "up")
+            for i, host in enumerate(self.names):
+                ip("netns", "add", host)
+                ip("-n", host, "link", "add", "eth0", "type", "veth", "peer", "name", f"port{i}",
+                   "netns", self.switch)
+                ip("-n", self.switch, "link", "set", f"port{i}", "master", "br0", "up")
+                ip("-n", host, "addr", "add", self.address(i) + "/24", "dev", "eth0")
+                ip("-n", host, "link", "set", "eth0", "up")
+                ip("-n", host, "link", "set", "lo", "up")
+        except subprocess.CalledProcessError:
+            self.remove()
+            raise
+
+    def address(self, i):
+        return SUBNET.format(self.subnet, i + 1)
+
+    def link(self, i, state):
+        """Cuts ("down") or restores ("up") host i's only link."""
+        ip("-n", self.names[i], "link", "set", "eth0", state)
+
+    def remove(self):
+        for name in [*self.names, self.switch]:
+            ip("netns", "del", name, check=False)
+
+
 @unittest.skipUnless(can_make_namespaces(), "needs root and network namespaces (ip netns)")
 class AcrossHosts(LauncherTestCase):
     HOSTS = 3
 
     def setUp(self):
         super().setUp()
-        tag = f"{os.getpid() % 10000}-{int(time.monotonic() * 1000) % 100000}"
-        self.subnet = 1 + os.getpid() % 250
-        self.switch = f"mcprun-sw-{tag}"
-        self.hosts = [f"mcprun-h{i}-{tag}" for i in range(self.HOSTS)]
+        self.net = NamespaceHosts(self.HOSTS)
+        self.hosts = self.net.names
         self.addCleanup(self.remove_namespaces)
-        ip("netns", "add", self.switch)
-        ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
-        ip("-n", self.switch, "link", "set", "br0", "up")
-        for i, host in enumerate(self.hosts):
-            ip("netns", "add", host)
-            ip("-n", host, "link", "add", "eth0", "type", "veth", "peer", "name", f"port{i}",
-               "netns", self.switch)
-            ip("-n", self.switch, "link", "set", f"port{i}", "master", "br0", "up")
-            ip("-n", host, "addr", "add", self.address(i) + "/24", "dev", "eth0")
-            ip("-n", host, "link", "set", "eth0", "up")
-            ip("-n", host, "link", "set", "lo", "up")
         log = open(os.path.join(self.tmp, "rendezvousd.log"), "w")
         self.daemon = subprocess.Popen(
             ["ip", "netns", "exec", self.hosts[0], RENDEZVOUSD, "--listen",
@@ -93,7 +117,7 @@ class AcrossHosts(LauncherTestCase):
         self.endpoint = f"{self.address(0)}:{found.group(1)}"
 
     def address(self, i):
-        return SUBNET.format(self.subnet, i + 1)
+        return self.net.address(i)
 
     def daemon_log(self):
         with open(os.path.join(self.tmp, "rendezvousd.log")) as f:
@@ -104,17 +128,7 @@ class AcrossHosts(LauncherTestCase):
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-        for name in [*self.hosts, self.switch]:
-            ip("netns", "del", name, check=False)
-
-    def agent(self, i, *args):
-        command = ["ip", "netns", "exec", self.hosts[i], MCPRUN, "--nnodes", str(self.HOSTS),
-                   "-n", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", self.endpoint,
-                   "--rdzv-id", "netjob", "--node-name", f"host{i}", *args]
-        proc = subprocess.Popen(command, env=self.env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True)
-        self.procs.append(proc)
-        return proc
+        self.net.remove()
 
     def test_gloo_job_across_hosts_uses_the_veth(self):
         script = self.script("allreduce.py", ALLREDUCE)
@@ -135,7 +149,7 @@ class AcrossHosts(LauncherTestCase):
         worker = 'echo $$ > "$MCPRUN_TEST_DIR/pid.$RANK"; exec sleep 60'
         agents = [self.agent(i, "--no-python", "/bin/sh", "-c", worker) for i in range(self.HOSTS)]
         self.assertTrue(wait_for(lambda: len(self.pids()) == self.HOSTS, 30), "workers did not start")
-        ip("-n", self.hosts[2], "link", "set", "eth0", "down")
+        self.net.link(2, "down")
         cut = time.monotonic()
         for proc in agents[:2]:
             _, err = proc.communicate(timeout=30)

@@ -487,6 +487,20 @@ class GpuLeases(RendezvousTestCase):
         self.go("e")
         self.assertEqual(late.wait(timeout=30), 0)
 
+    def test_leasing_costs_the_daemon_no_thread_and_no_descriptor(self):
+        def threads_and_descriptors():
+            return (len(os.listdir(f"/proc/{self.daemon.pid}/task")),
+                    len(os.listdir(f"/proc/{self.daemon.pid}/fd")))
+        before = threads_and_descriptors()
+        self.assertEqual(before[0], 1, "rendezvousd is one thread")
+        for name in ("a", "b"):
+            code, _, err = self.run_mcprun("-n", "2", "--rdzv-id", name, "--no-python", "/bin/true", timeout=30)
+            self.assertEqual(code, 0, err)
+            self.assertIn("leased from rendezvousd: 2 GPU(s)", err)
+        # Each job's connection closes as it ends; nothing else the leases touched stays open.
+        self.assertTrue(wait_for(lambda: threads_and_descriptors() == before, 5),
+                        (before, threads_and_descriptors()))
+
     def test_a_waiting_job_is_not_overtaken_and_an_impossible_one_is_refused_at_once(self):
         holder = self.job("a", 6)
         self.leased("a", 6)

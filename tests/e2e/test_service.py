@@ -209,7 +209,7 @@ class Metrics(ServiceTestCase):
         self.assertEqual(samples["mcprun_rendezvous_rounds_total"], 0)
         for family in ("mcprun_jobs", "mcprun_nodes", "mcprun_connections", "mcprun_rendezvous_rounds_total",
                        "mcprun_rendezvous_round_duration_seconds", "mcprun_failures_total", "mcprun_stalls_total",
-                       "mcprun_restarts_total", "mcprun_gpu_leases", "process_resident_memory_bytes"):
+                       "mcprun_restarts_total", "mcprun_gpu_leases", "mcprun_port_leases", "process_resident_memory_bytes"):
             self.assertIn(f"# HELP {family} ", body)
             self.assertIn(f"# TYPE {family} ", body)
 
