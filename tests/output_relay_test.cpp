@@ -5,8 +5,11 @@
 #include <unistd.h>
 
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <sstream>
 #include <string>
 
 #include "common/event_loop.hpp"
@@ -110,6 +113,58 @@ TEST(RankOutput, ProgressUpdatesArriveAsWrittenAndWholeLinesStayWhole) {
   EXPECT_EQ(rank.tail()[0], "progress 1");
   EXPECT_EQ(rank.tail()[1], "half a line");
   EXPECT_EQ(rank.tail()[2], "\x1b[32mgreen\x1b[0m");  // As written: reports quote it printable.
+}
+
+/// What mcprun logs while it lives: the default logger, pointed at a string.
+class CapturedLog {
+ public:
+  CapturedLog() : previous_(spdlog::default_logger()) {
+    spdlog::set_default_logger(std::make_shared<spdlog::logger>(
+        "test", std::make_shared<spdlog::sinks::ostream_sink_st>(text_)));
+  }
+  ~CapturedLog() { spdlog::set_default_logger(previous_); }
+  std::string text() const { return text_.str(); }
+
+ private:
+  std::shared_ptr<spdlog::logger> previous_;
+  std::ostringstream text_;
+};
+
+TEST(RankOutput, ALogThatCannotBeWrittenIsSaidOnceAndTheConsoleKeepsTheOutput) {
+  CapturedLog said;
+  boost::asio::io_context io;
+  PipeConsole out, err;
+  Console out_console(out.write_end.get()), err_console(err.write_end.get());
+  // /dev/full: every write fails with ENOSPC, as on a full disk under --log-dir.
+  RankOutput rank(io, "", {.to_console = true, .log_file = "/dev/full"}, {}, out_console, err_console);
+  rank.start();
+  const std::string line(10000, 'x');  // Past stdio's buffer: the write itself fails.
+  write_to(rank.child_stdout(), line + "\n");
+  EXPECT_EQ(read_console(io, out, line.size() + 1), line + "\n");
+  write_to(rank.child_stdout(), "more\n");
+  EXPECT_EQ(read_console(io, out, 5), "more\n");
+  rank.close_child_ends();
+  run_until(io, [&] { return rank.drained(); }, std::chrono::seconds(1));
+  const std::string text = said.text();
+  EXPECT_NE(text.find("cannot write /dev/full: No space left on device"), std::string::npos) << text;
+  EXPECT_EQ(text.find("cannot write"), text.rfind("cannot write")) << "said once: " << text;
+}
+
+TEST(RankOutput, ABufferedLogThatCannotBeWrittenIsSaidWhenItCloses) {
+  CapturedLog said;
+  {
+    boost::asio::io_context io;
+    PipeConsole out, err;
+    Console out_console(out.write_end.get()), err_console(err.write_end.get());
+    RankOutput rank(io, "", {.to_console = true, .log_file = "/dev/full"}, {}, out_console, err_console);
+    rank.start();
+    write_to(rank.child_stdout(), "short\n");  // Within stdio's buffer: fails when flushed.
+    EXPECT_EQ(read_console(io, out, 6), "short\n");
+    rank.close_child_ends();
+    run_until(io, [&] { return rank.drained(); }, std::chrono::seconds(1));
+  }
+  EXPECT_NE(said.text().find("cannot write /dev/full: No space left on device; that log is incomplete"),
+            std::string::npos) << said.text();
 }
 
 TEST(RankOutput, AWorkerOnATerminalConsoleGetsATerminalOfItsOwnSizedAsIt) {

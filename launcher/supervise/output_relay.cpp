@@ -202,7 +202,7 @@ void RankOutput::read_more(Stream& stream) {
           return;
         }
         std::string_view chunk(stream.buffer.data(), n);
-        if (stream.log) std::fwrite(chunk.data(), 1, chunk.size(), stream.log);
+        write_log(stream, chunk);
         relay(stream, chunk);
         read_more(stream);
       });
@@ -258,11 +258,26 @@ void RankOutput::close_stream(Stream& stream) {
   if (!stream.partial.empty() || !stream.shown.empty()) end_line(stream);
   boost::system::error_code ignored;
   stream.reader->close(ignored);
-  if (stream.log) {
-    std::fclose(stream.log);
-    stream.log = nullptr;
-  }
+  close_log(stream);
   --open_streams_;
+}
+
+void RankOutput::write_log(Stream& stream, std::string_view chunk) {
+  if (!stream.log) return;
+  if (std::fwrite(chunk.data(), 1, chunk.size(), stream.log) == chunk.size()) return;
+  spdlog::warn("cannot write {}: {}; that log stops here (the console still gets the output)",
+               stream.route.log_file.string(), std::strerror(errno));
+  std::fclose(stream.log);
+  stream.log = nullptr;
+}
+
+void RankOutput::close_log(Stream& stream) {
+  if (!stream.log) return;
+  // What stdio still buffered is written now: a full disk shows here if not before.
+  if (std::fclose(stream.log) != 0)
+    spdlog::warn("cannot write {}: {}; that log is incomplete", stream.route.log_file.string(),
+                 std::strerror(errno));
+  stream.log = nullptr;
 }
 
 void RankOutput::finish() {

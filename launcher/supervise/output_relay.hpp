@@ -120,6 +120,10 @@ class RankOutput {
   void show_progress(Stream& stream);
   void end_line(Stream& stream);
   void close_stream(Stream& stream);
+  /// Appends to the stream's log file; the first write that fails (a full disk) is said once and
+  /// ends that file, so that a lost log is never silent.
+  void write_log(Stream& stream, std::string_view chunk);
+  void close_log(Stream& stream);
 
   std::string prefix_;
   Stream streams_[2];
