@@ -47,6 +47,7 @@ LEASE_S = 2           # The daemon's lease: a silent agent is lost after this.
 RSS_GROWTH_BYTES = 4 << 20  # Over a daemon's life after its warm-up rounds.
 WARMUP_ROUNDS = 5
 GPUS = 8
+RETRIES = 20  # A fault whose target has not started yet tries again every 0.1 s this often.
 LEASE_PORTS = range(29500, 29504)  # The first master ports the daemon leases (its range starts there).
 
 # Records its pid, prints a line, sleeps, prints again; then fails as planned, or sleeps again
@@ -148,7 +149,7 @@ class Chaos(unittest.TestCase):
         self.metrics_listen = f"{self.net.address(0)}:0"
         self.start_daemon()
         self.stats = {"rounds": 0, "faults": collections.Counter(), "skipped": collections.Counter(),
-                      "exits": collections.Counter(), "jobs": 0, "agents": 0, "daemon_restarts": 0,
+                      "exits": collections.Counter(), "jobs": 0, "jobs_rebuilt": 0, "agents": 0, "daemon_restarts": 0,
                       "processes_left": 0, "leases_lost": 0, "round_s": []}
 
     # --- the daemon
@@ -421,10 +422,12 @@ class Chaos(unittest.TestCase):
                               f"{metrics.get('mcprun_port_leases')} port(s) still leased")
         for job_name, log_from in self.running_at_kill:
             job = next(j for j in jobs if j.name == job_name)
-            ended_as_planned = all(p.returncode == job.planned for p in job.agents)
-            if ended_as_planned and job.planned == 0 and f"job {job_name}: " not in self.read_log()[log_from:]:
+            if job.planned != 0 or any(p.returncode != 0 for p in job.agents):
+                continue  # Ended by its plan or another fault: nothing left to rebuild, maybe.
+            if not re.search(f"job {job_name}: \\S+ re-registered", self.read_log()[log_from:]):
                 raise RoundFailed(f"{job_name} ran through a daemon restart, but the new daemon never "
                                   "rebuilt it")
+            self.stats["jobs_rebuilt"] += 1
         self.daemon_rounds += 1
         if self.daemon_fds is None:
             self.daemon_fds = self.daemon_fd_count()
@@ -467,6 +470,8 @@ class Chaos(unittest.TestCase):
             self.stats["rounds"] += 1
             self.stats["jobs"] += len(jobs)
             self.stats["round_s"].append(seconds)
+            if (index + 1) % 100 == 0:
+                print(f"chaos: {index + 1} rounds in {time.monotonic() - began:.0f} s", flush=True)
             subprocess.run(["rm", "-rf", context["round_dir"]], check=False)
             subprocess.run(f"rm -rf {self.full}/*", shell=True, check=False)
         self.report(time.monotonic() - began)
@@ -481,7 +486,8 @@ class Chaos(unittest.TestCase):
                    "jobs": stats["jobs"], "agents_ended": stats["agents"],
                    "exit_codes": {str(k): v for k, v in sorted(stats["exits"].items())},
                    "processes_left": stats["processes_left"], "leases_lost": stats["leases_lost"],
-                   "daemon_restarts_survived": stats["daemon_restarts"]}
+                   "daemon_restarts_survived": stats["daemon_restarts"],
+                   "jobs_rebuilt_after_a_restart": stats["jobs_rebuilt"]}
         print("chaos: " + json.dumps(figures, indent=1), flush=True)
         if os.environ.get("CHAOS_STATS"):
             with open(os.environ["CHAOS_STATS"], "w") as f:
@@ -494,6 +500,10 @@ def signal_worker(test, context, args, signum):
     job = args["job"]
     pids = test.worker_pids(context["round_dir"], job)
     if not pids:
+        if any(p.poll() is None for p in job.agents) and args.get("tries", 0) < RETRIES:
+            # Its workers may not have started yet: try again a little later.
+            kind = "worker_kill" if signum == signal.SIGKILL else "worker_stop"
+            return (0.1, kind, dict(args, tries=args.get("tries", 0) + 1))
         return test.skip_fault(context, f"{signum.name} of a worker of {job.name}: none running")
     pid = pids[int(args["pick"] * len(pids))]
     try:
@@ -613,17 +623,20 @@ def hostile_peer(test, context, args):
     host, port = test.listen.split(":")
     peers = []
 
-    def tcp():
-        sock = socket_in(test.net.names[1])
+    def connected(sock, address):
         sock.settimeout(1)
-        sock.connect((host, int(port)))
+        try:
+            sock.connect(address)
+        except OSError:
+            sock.close()  # A cut link or a stopped daemon's full backlog: no connection.
+            raise
         return sock
 
+    def tcp():
+        return connected(socket_in(test.net.names[1]), (host, int(port)))
+
     def unix():
-        sock = socket.socket(socket.AF_UNIX)
-        sock.settimeout(1)
-        sock.connect(test.socket)
-        return sock
+        return connected(socket.socket(socket.AF_UNIX), test.socket)
 
     payloads = [b"\0\0\0\x14GET / HTTP/1.1\r\n\r\n..", b"\x40\0\0\0", b'\0\0\0\x64{"v":1,',
                 frame({"type": "heartbeat"}) * 3000, b""]
@@ -673,8 +686,9 @@ def names_cause(report, cause):
     errors = [line.split("error: ", 1)[1] for line in report.splitlines() if "error: " in line]
     if any(error in cause for error in errors):
         return True
-    root = re.search(r"Root cause.*?\n\s+rank:\s+(\d+).*?\n\s+exit:\s+(.*?)\n", report, re.S)
-    return bool(root) and f"rank {root.group(1)} on " in cause and root.group(2) in cause
+    # One failure report per failed attempt: the summary's cause is the last attempt's.
+    roots = re.findall(r"Root cause.*?\n\s+rank:\s+(\d+).*?\n\s+exit:\s+(.*?)\n", report, re.S)
+    return bool(roots) and f"rank {roots[-1][0]} on " in cause and roots[-1][1] in cause
 
 
 def kill_quietly(pid, signum):
