@@ -130,6 +130,15 @@ class AcrossHosts(LauncherTestCase):
                 proc.wait()
         self.net.remove()
 
+    def agent(self, i, *args):
+        command = ["ip", "netns", "exec", self.hosts[i], MCPRUN, "--nnodes", str(self.HOSTS),
+                   "-n", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", self.endpoint,
+                   "--rdzv-id", "netjob", "--node-name", f"host{i}", *args]
+        proc = subprocess.Popen(command, env=self.env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+        self.procs.append(proc)
+        return proc
+
     def test_gloo_job_across_hosts_uses_the_veth(self):
         script = self.script("allreduce.py", ALLREDUCE)
         agents = [self.agent(i, script) for i in range(self.HOSTS)]
