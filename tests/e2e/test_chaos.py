@@ -460,12 +460,14 @@ class Chaos(unittest.TestCase):
             try:
                 seconds = self.run_round(context, jobs, faults)
                 self.check_round(index, jobs, context)
-            except RoundFailed as problem:
+            except Exception as problem:  # A broken invariant, or the test's own error: both end the run.
                 for job in jobs:
                     for proc in job.agents:
                         if proc.poll() is None:
                             os.killpg(proc.pid, signal.SIGKILL)
                             proc.wait()
+                if not isinstance(problem, RoundFailed):
+                    raise
                 self.fail(self.failure(index, context, jobs, problem))
             self.stats["rounds"] += 1
             self.stats["jobs"] += len(jobs)
@@ -574,6 +576,8 @@ def restart_daemon(test, context, args):
 
 
 def stop_daemon(test, context, args):
+    if test.daemon.poll() is not None:
+        return test.skip_fault(context, "SIGSTOP of rendezvousd: killed, not restarted yet")
     os.kill(test.daemon.pid, signal.SIGSTOP)
     test.cleanups.append(lambda: kill_quietly(test.daemon.pid, signal.SIGCONT))
     test.count_fault(context, "daemon_SIGSTOP", f"SIGSTOP rendezvousd {test.daemon.pid}")
