@@ -347,6 +347,14 @@ class Chaos(unittest.TestCase):
     def note(self, context, what):
         context["log"].append((time.monotonic() - context["started"], what))
 
+    def count_fault(self, context, kind, what):
+        self.stats["faults"][kind] += 1
+        self.note(context, what)
+
+    def skip_fault(self, context, what):
+        self.stats["skipped"][what.split(" ")[0]] += 1
+        self.note(context, "(no target) " + what)
+
     # --- the checks
 
     def check_round(self, index, jobs, context):
@@ -699,19 +707,6 @@ def kill_quietly(pid, signum):
     except ProcessLookupError:
         pass
 
-
-def count_fault(test, context, kind, what):
-    test.stats["faults"][kind] += 1
-    test.note(context, what)
-
-
-def skip_fault(test, context, what):
-    test.stats["skipped"][what.split(" ")[0]] += 1
-    test.note(context, "(no target) " + what)
-
-
-Chaos.count_fault = count_fault
-Chaos.skip_fault = skip_fault
 
 FAULTS = {
     "worker_kill": lambda t, c, a: signal_worker(t, c, a, signal.SIGKILL),
