@@ -110,8 +110,8 @@ class Job:
             self.extra[node].update(codes)
 
     def describe(self):
-        failing = ("" if not self.fail_attempts else
-                   f", rank {self.fail_rank} fails in {'every attempt' if self.fail_attempts > 9 else 'attempt 0'}")
+        when = "every attempt" if self.fail_attempts > 9 else "attempt 0"
+        failing = f", rank {self.fail_rank} fails in {when}" if self.fail_attempts else ""
         return (f"{self.name} ({self.kind}, {len(self.hosts)} node(s) x {self.nproc}, "
                 f"--max-restarts {self.restarts}{failing}, planned exit {self.planned})")
 
@@ -351,8 +351,8 @@ class Chaos(unittest.TestCase):
         self.stats["faults"][kind] += 1
         self.note(context, what)
 
-    def skip_fault(self, context, what):
-        self.stats["skipped"][what.split(" ")[0]] += 1
+    def skip_fault(self, context, kind, what):
+        self.stats["skipped"][kind] += 1
         self.note(context, "(no target) " + what)
 
     # --- the checks
@@ -514,12 +514,14 @@ def signal_worker(test, context, args, signum):
             # Its workers may not have started yet: try again a little later.
             kind = "worker_kill" if signum == signal.SIGKILL else "worker_stop"
             return (0.1, kind, dict(args, tries=args.get("tries", 0) + 1))
-        return test.skip_fault(context, f"{signum.name} of a worker of {job.name}: none running")
+        return test.skip_fault(context, f"worker_{signum.name}",
+                               f"{signum.name} of a worker of {job.name}: none running")
     pid = pids[int(args["pick"] * len(pids))]
     try:
         os.kill(pid, signum)
     except ProcessLookupError:
-        return test.skip_fault(context, f"{signum.name} of worker {pid} of {job.name}: already gone")
+        return test.skip_fault(context, f"worker_{signum.name}",
+                               f"{signum.name} of worker {pid} of {job.name}: already gone")
     test.count_fault(context, f"worker_{signum.name}", f"{signum.name} worker {pid} of {job.name}")
     if signum == signal.SIGKILL:
         job.accept_everywhere(128 + signal.SIGKILL)
@@ -537,7 +539,8 @@ def signal_agent(test, context, args, signum):
     job = args["job"]
     running = [(node, p) for node, p in enumerate(job.agents) if p.poll() is None]
     if not running:
-        return test.skip_fault(context, f"{signum.name} of an agent of {job.name}: none running")
+        return test.skip_fault(context, f"agent_{signum.name}",
+                               f"{signum.name} of an agent of {job.name}: none running")
     node, proc = running[int(args["pick"] * len(running))]
     os.kill(proc.pid, signum)
     test.count_fault(context, f"agent_{signum.name}", f"{signum.name} agent {proc.pid} ({job.name} node {node})")
@@ -585,7 +588,7 @@ def restart_daemon(test, context, args):
 
 def stop_daemon(test, context, args):
     if test.daemon.poll() is not None:
-        return test.skip_fault(context, "SIGSTOP of rendezvousd: killed, not restarted yet")
+        return test.skip_fault(context, "daemon_SIGSTOP", "SIGSTOP of rendezvousd: killed, not restarted yet")
     os.kill(test.daemon.pid, signal.SIGSTOP)
     test.cleanups.append(lambda: kill_quietly(test.daemon.pid, signal.SIGCONT))
     test.count_fault(context, "daemon_SIGSTOP", f"SIGSTOP rendezvousd {test.daemon.pid}")
