@@ -44,8 +44,9 @@ JOB_TIMEOUT_S = 20    # --timeout of every job: a round cannot outlast it by muc
 ROUND_DEADLINE_S = 45  # A job still running this long after its round began is a hang.
 SETTLE_S = 5          # How long the round's processes, leases and connections may take to go.
 LEASE_S = 2           # The daemon's lease: a silent agent is lost after this.
-RSS_GROWTH_BYTES = 4 << 20  # Over a daemon's life after its warm-up rounds.
-WARMUP_ROUNDS = 5
+RSS_GROWTH_BYTES = 2 << 20  # Over a daemon's life after its warm-up rounds.
+WARMUP_ROUNDS = 3
+DAEMON_LIFE = 10  # Rounds between daemon restarts.
 GPUS = 8
 RETRIES = 20  # A fault whose target has not started yet tries again every 0.1 s this often.
 LEASE_PORTS = range(29500, 29504)  # The first master ports the daemon leases (its range starts there).
@@ -150,7 +151,8 @@ class Chaos(unittest.TestCase):
         self.start_daemon()
         self.stats = {"rounds": 0, "faults": collections.Counter(), "skipped": collections.Counter(),
                       "exits": collections.Counter(), "jobs": 0, "jobs_rebuilt": 0, "agents": 0, "daemon_restarts": 0,
-                      "processes_left": 0, "leases_lost": 0, "round_s": []}
+                      "processes_left": 0, "leases_lost": 0, "round_s": [],
+                      "longest_daemon": (0, 0)}  # (rounds it lived, KiB its RSS grew after warm-up)
 
     # --- the daemon
 
@@ -246,7 +248,12 @@ class Chaos(unittest.TestCase):
             return Job(f"r{index}-{kind}", kind, hosts, nproc, restarts, rng.randrange(world),
                        fail_attempts, round(rng.uniform(0.3, 0.7), 2), round(rng.uniform(0, 0.4), 2))
         jobs = [job("lease", [0], 2), job("local", [0, 0], 1), job("net", [1, 2], 1), job("store", [0], 1)]
-        kinds = rng.sample(sorted(FAULTS), rng.randint(1, 3))
+        # The daemon is killed and restarted every DAEMON_LIFE rounds, so that each daemon lives
+        # long enough for its descriptors and memory to show a leak.
+        others = sorted(set(FAULTS) - {"daemon_kill"})
+        kinds = rng.sample(others, rng.randint(1, 3))
+        if index % DAEMON_LIFE == DAEMON_LIFE - 1:
+            kinds.append("daemon_kill")
         faults = []
         for kind in kinds:
             at = 0.0 if kind == "port_taken" else round(rng.uniform(0.1, 1.6), 2)
@@ -449,6 +456,8 @@ class Chaos(unittest.TestCase):
         elif self.daemon_rss is not None and rss > self.daemon_rss + RSS_GROWTH_BYTES:
             raise RoundFailed(f"the daemon's memory grew from {self.daemon_rss >> 10} KiB to {rss >> 10} KiB "
                               f"over {self.daemon_rounds - WARMUP_ROUNDS} rounds")
+        if self.daemon_rss is not None and self.daemon_rounds > self.stats["longest_daemon"][0]:
+            self.stats["longest_daemon"] = (self.daemon_rounds, (rss - self.daemon_rss) >> 10)
 
     def failure(self, index, context, jobs, problem):
         lines = [f"chaos: seed {SEED} round {index} (CHAOS_SEED={SEED} replays it): {problem}",
@@ -497,7 +506,9 @@ class Chaos(unittest.TestCase):
                    "exit_codes": {str(k): v for k, v in sorted(stats["exits"].items())},
                    "processes_left": stats["processes_left"], "leases_lost": stats["leases_lost"],
                    "daemon_restarts_survived": stats["daemon_restarts"],
-                   "jobs_rebuilt_after_a_restart": stats["jobs_rebuilt"]}
+                   "jobs_rebuilt_after_a_restart": stats["jobs_rebuilt"],
+                   "longest_daemon_life_rounds": stats["longest_daemon"][0],
+                   "its_rss_growth_after_warmup_kib": stats["longest_daemon"][1]}
         print("chaos: " + json.dumps(figures, indent=1), flush=True)
         if os.environ.get("CHAOS_STATS"):
             with open(os.environ["CHAOS_STATS"], "w") as f:
