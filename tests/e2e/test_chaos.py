@@ -8,7 +8,7 @@ a 2-rank job leasing fake GPUs, with --log-dir on a small tmpfs (on h0's loopbac
 leasing a GPU per node through the daemon's unix socket (h0); a 2-node job across h1 and h2 over
 TCP; a 1-rank job with a fixed --master-port (h0). Some have --max-restarts and a rank that fails
 as planned. Faults: SIGKILL, SIGSTOP and SIGCONT of workers, agents and the daemon; the daemon
-killed and restarted; h1 or h2's link cut, restored mid-round or at the round's end; the tmpfs
+killed and restarted (every tenth round); h1 or h2's link cut, restored mid-round or at the round's end; the tmpfs
 filled; a hostile peer on the daemon's port and socket; the job store's port taken.
 
 CHAOS_SEED replays a run (each round's plan is drawn from the seed and the round's number);
