@@ -87,17 +87,14 @@ Expected<BoundedRun> run_with_deadline(ProcessControl& control, std::vector<std:
   BoundedRun run;
   boost::asio::steady_timer deadline(io, timeout);
   bool killed = false, exited = false;
-  auto kill = [&] {
-    killed = true;
-    control.signal_group(*pid, SIGKILL);
-    deadline.expires_after(kKilledExitTimeout);
-  };
   auto on_deadline = [&](auto& self, boost::system::error_code waited) -> void {
     if (waited) return;
     if (killed) return io.stop();  // It outlived its SIGKILL: no longer waiting for it.
     if (output.is_open()) run.timed_out = true;
-    output.close(waited);
-    kill();
+    output.close(ec);
+    killed = true;
+    control.signal_group(*pid, SIGKILL);
+    deadline.expires_after(kKilledExitTimeout);
     deadline.async_wait([&](boost::system::error_code next) { self(self, next); });
   };
   deadline.async_wait([&](boost::system::error_code waited) { on_deadline(on_deadline, waited); });
@@ -106,7 +103,7 @@ Expected<BoundedRun> run_with_deadline(ProcessControl& control, std::vector<std:
                           [&](boost::system::error_code, size_t) {
                             if (run.timed_out || exited) return;
                             output.close(ec);
-                            if (!killed) deadline.expires_after(exit_timeout);
+                            deadline.expires_after(exit_timeout);
                             deadline.async_wait([&](boost::system::error_code waited) {
                               on_deadline(on_deadline, waited);
                             });
