@@ -34,7 +34,7 @@ std::filesystem::path sysfs_root();
 /// pci_index set. Never throws for a missing or partial tree: it returns what it could read.
 std::vector<GpuDevice> discover_gpus(const std::filesystem::path& sysfs = sysfs_root());
 
-/// Where procfs lives: $MCPRUN_PROC_ROOT (for fake trees in tests) or /proc.
+/// Where the driver's procfs files live: $MCPRUN_PROC_ROOT (for fake trees in tests) or /proc.
 std::filesystem::path proc_root();
 
 /// Fills each GPU's uuid from <proc>/driver/nvidia/gpus/<bus id>/information (its `GPU UUID:` and

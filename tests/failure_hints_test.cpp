@@ -134,14 +134,14 @@ TEST(FailureHints, OutOfMemoryNamesTheGpuAndTheOtherProcessesOnIt) {
   // torch 2.11 on the H200 box (verbatim, to the "...").
   const Lines torch2 = {"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 400.00 GiB. GPU 0 has a total capacity of 139.80 GiB of which 139.29 GiB is free. Including non-PyTorch memory, this process has 518.00 MiB memory in use. ..."};
   const std::string text = hint(0, torch2, two_gpu_job(true), fake.probes);
-  EXPECT_NE(text.find("GPU 0000:00:06.0 (GPU-c94f22be-4c83-5fa0-46a4-3db114166912)"), std::string::npos) << text;
-  EXPECT_NE(text.find("asking for 400.00 GiB"), std::string::npos) << text;
+  EXPECT_NE(text.find("its cuda:0, GPU 0000:00:06.0 (GPU-c94f22be-4c83-5fa0-46a4-3db114166912), "
+                      "asking for 400.00 GiB"), std::string::npos) << text;
   EXPECT_NE(text.find("pid 4242 (python3), 80.0 GiB"), std::string::npos) << text;
   EXPECT_EQ(text.find("pid 1000"), std::string::npos) << text;  // The job's own rank is no stranger.
   EXPECT_EQ(fake.nvml_asked, (Lines{"0000:00:06.0"}));
   // torch 1.13's wording, on the rank's cuda:1 (the second GPU it sees).
   const Lines torch1 = {"RuntimeError: CUDA out of memory. Tried to allocate 20.00 MiB (GPU 1; 15.78 GiB total capacity; 14.21 GiB already allocated; 3.50 MiB free; 14.73 GiB reserved in total by PyTorch) If reserved memory is >> allocated memory try setting max_split_size_mb to avoid fragmentation.  See documentation for Memory Management and PYTORCH_CUDA_ALLOC_CONF"};
-  EXPECT_NE(hint(1, torch1, two_gpu_job(true), fake.probes).find("GPU 0000:3b:00.0 (its cuda:1, asking for 20.00 MiB)"),
+  EXPECT_NE(hint(1, torch1, two_gpu_job(true), fake.probes).find("its cuda:1, GPU 0000:3b:00.0, asking for 20.00 MiB"),
             std::string::npos);
 }
 

@@ -156,9 +156,9 @@ std::string socket_bootstrap(const std::smatch&, const HintInput& input) {
 std::string out_of_memory(const std::smatch& match, const HintInput& input) {
   const size_t index = std::stoul(match[2].str());
   const auto gpu = gpu_at(input, input.rank, index);
-  std::string text = fmt::format("rank {} ran out of memory on ", input.rank);
-  if (!gpu) return text + fmt::format("its cuda:{} (asking for {})", index, match[1].str());
-  text += fmt::format("GPU {} (its cuda:{}, asking for {})", describe(*gpu), index, match[1].str());
+  std::string text = fmt::format("rank {} ran out of memory on its cuda:{}", input.rank, index);
+  if (!gpu) return text + fmt::format(", asking for {}", match[1].str());
+  text += fmt::format(", GPU {}, asking for {}", describe(*gpu), match[1].str());
   const auto processes = input.probes.gpu_processes ? input.probes.gpu_processes(gpu->bus_id) : std::nullopt;
   if (!processes) return text + "; NVML is not available to list what else holds memory on it";
   std::vector<std::string> others;
@@ -245,7 +245,7 @@ HintProbes system_hint_probes() {
   probes.gpu_processes = nvml_processes_on;
   probes.port_listener = listener_on_port;
   probes.command_of = [](int pid) {
-    return read_attribute(proc_root() / std::to_string(pid) / "comm");
+    return read_attribute(std::filesystem::path("/proc") / std::to_string(pid) / "comm");
   };
   probes.own_pid = static_cast<int>(::getpid());
   return probes;
