@@ -2,30 +2,52 @@
 
 #include <charconv>
 #include <fstream>
-#include <regex>
 #include <sstream>
+#include <utility>
 
 namespace mcprun {
 namespace fs = std::filesystem;
 namespace {
 
-/// "3.11" from a venv's pyvenv.cfg ("version = 3.11.2" or "version_info = 3.11.2.final.0").
-std::optional<std::string> venv_python_version(const fs::path& config) {
-  std::ifstream in(config);
-  static const std::regex kLine(R"(^\s*version(_info)?\s*=\s*(\d+\.\d+).*)");
-  std::smatch match;
-  for (std::string line; std::getline(in, line);)
-    if (std::regex_match(line, match, kLine)) return match[2].str();
-  return std::nullopt;
+// Plain string parsing, no std::regex: compiling a few patterns would cost each launch ~0.5 ms.
+
+std::string_view trim(std::string_view text) {
+  const auto first = text.find_first_not_of(" \t\r");
+  if (first == std::string_view::npos) return {};
+  return text.substr(first, text.find_last_not_of(" \t\r") - first + 1);
 }
 
-bool venv_includes_system_packages(const fs::path& config) {
+/// "version = 3.11.2" -> ("version", "3.11.2"); nullopt for a line without '='.
+std::optional<std::pair<std::string_view, std::string_view>> key_value(std::string_view line) {
+  const auto equals = line.find('=');
+  if (equals == std::string_view::npos) return std::nullopt;
+  return std::pair{trim(line.substr(0, equals)), trim(line.substr(equals + 1))};
+}
+
+/// "3.11" from "3.11.2" or "3.11"; "" unless it starts with major.minor.
+std::string major_minor(std::string_view text) {
+  auto version = parse_torch_version(text);
+  return version ? std::to_string(version->major) + "." + std::to_string(version->minor) : "";
+}
+
+/// A venv's pyvenv.cfg: its Python's X.Y ("version = 3.11.2", or "version_info = 3.11.2.final.0"
+/// from virtualenv) and whether it sees the base's packages (include-system-site-packages).
+struct VenvConfig {
+  std::string version;
+  bool system_packages = false;
+};
+
+VenvConfig read_venv_config(const fs::path& config) {
+  VenvConfig venv;
   std::ifstream in(config);
-  static const std::regex kLine(R"(^\s*include-system-site-packages\s*=\s*true\s*$)",
-                                std::regex::icase);
-  for (std::string line; std::getline(in, line);)
-    if (std::regex_match(line, kLine)) return true;
-  return false;
+  for (std::string line; std::getline(in, line);) {
+    auto entry = key_value(line);
+    if (!entry) continue;
+    if (entry->first == "version" || entry->first == "version_info") venv.version = major_minor(entry->second);
+    if (entry->first == "include-system-site-packages")
+      venv.system_packages = entry->second == "true" || entry->second == "True";
+  }
+  return venv;
 }
 
 /// The base interpreter's prefix and X.Y: "/usr/bin/python3.11" -> ("/usr", "3.11").
@@ -33,14 +55,13 @@ std::pair<fs::path, std::string> base_install(const fs::path& interpreter) {
   std::error_code ec;
   const fs::path real = fs::canonical(interpreter, ec);
   const fs::path resolved = ec ? interpreter : real;
-  static const std::regex kName(R"(python(\d+\.\d+))");
-  std::smatch match;
   const std::string name = resolved.filename().string();
-  std::string version = std::regex_match(name, match, kName) ? match[1].str() : "";
+  std::string version = name.starts_with("python") ? major_minor(std::string_view(name).substr(6)) : "";
+  if (!version.empty() && "python" + version != name) version.clear();  // "python3.11-config".
   return {resolved.parent_path().parent_path(), version};
 }
 
-/// <prefix>/lib/python<X.Y>/site-packages, or every lib/python3.* one when X.Y is unknown.
+/// <prefix>/lib/python<X.Y>/<leaf>, or every lib/python3.* one when X.Y is unknown.
 void add_site_packages(const fs::path& prefix, const std::string& version, const char* leaf,
                        std::vector<fs::path>& dirs) {
   if (!version.empty()) {
@@ -54,10 +75,11 @@ void add_site_packages(const fs::path& prefix, const std::string& version, const
 
 std::optional<TorchVersion> version_in(const fs::path& dir) {
   std::ifstream version_py(dir / "torch" / "version.py");
-  static const std::regex kVersionLine(R"(^__version__\s*=\s*['"]([^'"]+)['"].*)");
-  std::smatch match;
-  for (std::string line; std::getline(version_py, line);)
-    if (std::regex_match(line, match, kVersionLine)) return parse_torch_version(match[1].str());
+  for (std::string line; std::getline(version_py, line);) {
+    auto entry = key_value(line);  // __version__ = '2.13.0+cpu'
+    if (!entry || entry->first != "__version__" || entry->second.size() < 2) continue;
+    return parse_torch_version(entry->second.substr(1, entry->second.find_first_of("'\"", 1) - 1));
+  }
   std::error_code ec;
   if (!fs::is_directory(dir / "torch", ec)) return std::nullopt;
   // A torch without version.py (a source checkout): its metadata folder names the version.
@@ -99,9 +121,9 @@ std::vector<fs::path> python_package_dirs(const fs::path& interpreter, const Env
   std::error_code ec;
   for (const fs::path& config : {bin / "pyvenv.cfg", bin.parent_path() / "pyvenv.cfg"}) {
     if (!fs::is_regular_file(config, ec)) continue;
-    add_site_packages(config.parent_path(), venv_python_version(config).value_or(""),
-                      "site-packages", dirs);
-    if (!venv_includes_system_packages(config)) return dirs;
+    const VenvConfig venv = read_venv_config(config);
+    add_site_packages(config.parent_path(), venv.version, "site-packages", dirs);
+    if (!venv.system_packages) return dirs;
     break;
   }
   const auto [prefix, version] = base_install(interpreter);
