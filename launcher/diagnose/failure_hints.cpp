@@ -78,10 +78,13 @@ std::optional<GpuDevice> gpu_at(const HintInput& input, int rank, size_t index) 
 std::string why_shared(const HintInput& input, int first, int second) {
   const HintRank* a = rank_of(input, first);
   const HintRank* b = rank_of(input, second);
-  if (input.job.pinned && a && b)
-    return fmt::format("mcprun gave them cuda:{} and cuda:{}, so the script picks its device "
-                       "without LOCAL_RANK: call torch.cuda.set_device(int(os.environ['LOCAL_RANK']))",
-                       a->local_rank, b->local_rank);
+  if (input.job.pinned) {
+    const std::string given = a && b ? fmt::format("mcprun gave them cuda:{} and cuda:{}",
+                                                   a->local_rank, b->local_rank)
+                                     : "mcprun gave each rank its own GPU as cuda:LOCAL_RANK";
+    return given + ", so the script picks its device without LOCAL_RANK: call "
+                   "torch.cuda.set_device(int(os.environ['LOCAL_RANK']))";
+  }
   const std::string cause = input.job.no_pin ? "--no-pin left every rank the same GPUs"
                                              : "mcprun pinned no GPU (none found to pin, or -n cpu)";
   if (input.job.inherited_visible_devices)
