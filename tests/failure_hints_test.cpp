@@ -92,6 +92,12 @@ TEST(FailureHints, InvalidDeviceOrdinalNamesLocalRankAndTheGpusItSaw) {
   const Lines torch1 = {"RuntimeError: CUDA error: invalid device ordinal",
                         "CUDA kernel errors might be asynchronously reported at some other API call,so the stacktrace below might be incorrect."};
   EXPECT_NE(hint(1, torch1, two_gpu_job(true), fake.probes).find("could see 2 GPU(s)"), std::string::npos);
+  // No GPU found on the node (a container without them in sysfs): no count is claimed.
+  HintJob blind = two_gpu_job(false);
+  blind.node_gpus.clear();
+  const std::string unknown = hint(1, torch1, blind, fake.probes);
+  EXPECT_NE(unknown.find("found no NVIDIA GPU"), std::string::npos) << unknown;
+  EXPECT_EQ(unknown.find("could see"), std::string::npos) << unknown;
 }
 
 TEST(FailureHints, SharedMemoryGivesTheFreeSizeAndTheRemedy) {
@@ -150,6 +156,11 @@ TEST(FailureHints, OutOfMemoryWithoutNvmlSaysSo) {
   fake.probes.gpu_processes = [](const std::string&) { return std::optional<std::vector<GpuProcess>>(); };
   const Lines oom = {"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 400.00 GiB. GPU 0 has a total capacity of 139.80 GiB of which 139.29 GiB is free."};
   EXPECT_NE(hint(0, oom, two_gpu_job(true), fake.probes).find("NVML is not available"), std::string::npos);
+  // Only the job's own rank on it: nobody else to blame.
+  fake.probes.gpu_processes = [](const std::string&) {
+    return std::optional<std::vector<GpuProcess>>({{1000, 518ull << 20}});
+  };
+  EXPECT_NE(hint(0, oom, two_gpu_job(true), fake.probes).find("NVML lists no other process"), std::string::npos);
 }
 
 // A TCPStore server on a taken port, as this machine's torch 1.13 raises it.

@@ -115,6 +115,10 @@ std::string invalid_ordinal(const std::smatch&, const HintInput& input) {
   std::string seen = visible ? "CUDA_VISIBLE_DEVICES=" + fmt::format("{}", fmt::join(*visible, ","))
                              : "every GPU of the node";
   std::string local = rank ? "LOCAL_RANK=" + std::to_string(rank->local_rank) : "its LOCAL_RANK";
+  if (!visible && input.job.node_gpus.empty())  // What it saw is unknown: say only what is.
+    return fmt::format("rank {} has {}, and mcprun found no NVIDIA GPU on this node to pin: a device "
+                       "index must be below the number of GPUs the rank sees; index by LOCAL_RANK, "
+                       "not RANK", input.rank, local);
   return fmt::format("rank {} has {} but could see {} GPU(s) ({}): a device index must be below "
                      "{}; index by LOCAL_RANK, not RANK, and run at most {} rank(s) per node",
                      input.rank, local, count, seen, count, count);
@@ -174,7 +178,8 @@ std::string out_of_memory(const std::smatch& match, const HintInput& input) {
                                  process.used_bytes ? ", " + human_bytes(process.used_bytes) : ""));
   }
   if (others.empty())
-    return text + "; no other process holds memory on it (NVML): the rank alone needs more";
+    return text + "; NVML lists no other process holding memory on it: the rank alone asks for "
+                  "more than it has";
   return text + "; other processes hold memory on it (NVML), another job on a shared GPU: " +
          fmt::format("{}", fmt::join(others, "; "));
 }
