@@ -278,7 +278,7 @@ std::optional<int> Launch::lease_gpus(std::vector<GpuDevice>& gpus) {
   lease_holder_ = std::make_unique<RendezvousClient>(io_, *endpoint);
   auto granted = lease_holder_->lease(
       {{"gpus", gpus_wanted(config_, gpus)}, {"wait_s", config_.gpu_wait}, {"job", config_.rdzv_id}},
-      std::chrono::milliseconds(static_cast<long>(config_.gpu_wait * 1000)) + kRendezvousConnectTimeout);
+      std::chrono::milliseconds(static_cast<long>(config_.gpu_wait * 1000)) + kConnectTimeout);
   if (!granted) {
     spdlog::error("no GPU lease from rendezvousd at {}: {}", *endpoint, granted.error().message);
     return kExitRendezvous;
@@ -405,7 +405,7 @@ bool Launch::join_round() {
   // The daemon times the round out itself; our limit only covers a daemon that went silent.
   auto joined = client->join(
       join_, std::chrono::milliseconds(static_cast<long>(config_.join_timeout * 1000)) +
-                 kRendezvousConnectTimeout);
+                 kConnectTimeout);
   if (!joined) {
     spdlog::error("{}", joined.error().message);
     return false;
