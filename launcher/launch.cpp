@@ -150,9 +150,9 @@ constexpr std::chrono::seconds kFailurePassOnTimeout{2};
 /// The python helper (import mcprun) next to the binary: <prefix>/share/mcprun/python, which
 /// the build tree mirrors.
 std::optional<std::filesystem::path> python_helper_dir() {
+  const auto exe = self_executable();
+  if (exe.empty()) return std::nullopt;
   std::error_code ec;
-  const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (ec) return std::nullopt;
   auto dir = exe.parent_path().parent_path() / "share" / "mcprun" / "python";
   if (!std::filesystem::exists(dir / "mcprun" / "__init__.py", ec)) return std::nullopt;
   return dir;

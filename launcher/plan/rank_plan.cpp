@@ -41,9 +41,16 @@ std::string quote_arg(const std::string& arg) {
 
 }  // namespace
 
-std::string worker_python(const Environment& env) {
+std::string worker_python(const Environment& env, const std::filesystem::path& launcher) {
   auto exec = env.find("PYTHON_EXEC");
-  return exec != env.end() && !exec->second.empty() ? exec->second : "python3";
+  if (exec != env.end() && !exec->second.empty()) return exec->second;
+  std::error_code ec;
+  const auto prefix = launcher.parent_path().parent_path();
+  const bool python_environment = std::filesystem::exists(prefix / "pyvenv.cfg", ec) ||
+                                  std::filesystem::is_directory(prefix / "conda-meta", ec);
+  const auto beside = launcher.parent_path() / "python3";
+  if (python_environment && std::filesystem::exists(beside, ec)) return beside.string();
+  return "python3";
 }
 
 namespace {
