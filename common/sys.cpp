@@ -23,6 +23,12 @@ Environment current_environment() {
   return env;
 }
 
+std::filesystem::path self_executable() {
+  std::error_code ec;
+  auto path = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? std::filesystem::path() : path;
+}
+
 std::string host_name() {
   char name[256] = {};
   return ::gethostname(name, sizeof name - 1) == 0 ? name : "localhost";

@@ -28,6 +28,9 @@ std::string search_path_of(const Environment& env);
 /// a "gdb". A name with a slash is returned unchanged.
 std::optional<std::string> find_executable(std::string_view name, std::string_view search_path);
 
+/// This program's own file (/proc/self/exe); empty when it cannot be read.
+std::filesystem::path self_executable();
+
 /// Creates `folder` and each missing parent, as `mkdir -p` does. The error names the one folder
 /// that could not be made and why: "cannot create /srv/shared/logs: Permission denied" (where
 /// std::filesystem would name only the last one, and a later open() would say "No such file").

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <charconv>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -133,6 +134,46 @@ std::string GpuDevice::switch_id() const { return pci_parents.empty() ? "" : pci
 
 std::string GpuDevice::cuda_visible_name() const {
   return uuid.empty() ? std::to_string(pci_index) : uuid;
+}
+
+fs::path proc_root() {
+  const char* root = std::getenv("MCPRUN_PROC_ROOT");
+  return root && *root ? fs::path(root) : fs::path("/proc");
+}
+
+std::string normalise_bus_id(std::string_view text) {
+  unsigned long domain = 0;
+  unsigned bus = 0, device = 0, function = 0;
+  const std::string copy(text);
+  if (std::sscanf(copy.c_str(), "%lx:%x:%x.%x", &domain, &bus, &device, &function) != 4)
+    return lowercase(copy);
+  char out[48];
+  std::snprintf(out, sizeof out, "%04lx:%02x:%02x.%x", domain, bus, device, function);
+  return out;
+}
+
+void annotate_with_driver_uuids(std::vector<GpuDevice>& gpus, const fs::path& proc) {
+  if (gpus.empty()) return;
+  std::error_code ec;
+  for (fs::directory_iterator it(proc / "driver" / "nvidia" / "gpus", ec), end; !ec && it != end;
+       it.increment(ec)) {
+    std::ifstream in(it->path() / "information");
+    std::string bus_id = it->path().filename().string(), uuid;
+    for (std::string line; std::getline(in, line);) {
+      const auto colon = line.find(':');
+      if (colon == std::string::npos) continue;
+      const std::string key = trim(line.substr(0, colon)), value = trim(line.substr(colon + 1));
+      if (key == "GPU UUID") uuid = value;
+      if (key == "Bus Location") bus_id = value;
+    }
+    // A container without the driver's rights reads "GPU-????..."; no UUID beats a wrong one.
+    const bool well_formed = uuid.starts_with("GPU-") && uuid.size() > 4 &&
+                             uuid.find_first_not_of("0123456789abcdefABCDEF-", 4) == std::string::npos;
+    if (!well_formed) continue;
+    const std::string normalised = normalise_bus_id(bus_id);
+    for (GpuDevice& gpu : gpus)
+      if (normalise_bus_id(gpu.bus_id) == normalised) gpu.uuid = uuid;
+  }
 }
 
 fs::path sysfs_root() {

@@ -150,9 +150,9 @@ constexpr std::chrono::seconds kFailurePassOnTimeout{2};
 /// The python helper (import mcprun) next to the binary: <prefix>/share/mcprun/python, which
 /// the build tree mirrors.
 std::optional<std::filesystem::path> python_helper_dir() {
+  const auto exe = self_executable();
+  if (exe.empty()) return std::nullopt;
   std::error_code ec;
-  const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (ec) return std::nullopt;
   auto dir = exe.parent_path().parent_path() / "share" / "mcprun" / "python";
   if (!std::filesystem::exists(dir / "mcprun" / "__init__.py", ec)) return std::nullopt;
   return dir;
@@ -249,7 +249,8 @@ int Launch::run() {
   // would not hold a few hundred ranks.
   descriptor_limit_ = raise_descriptor_limit();
   std::vector<GpuDevice> gpus = discover_gpus();
-  annotate_with_nvml(gpus);
+  annotate_with_driver_uuids(gpus);
+  node_gpus_ = gpus;
   if (auto code = lease_gpus(gpus)) return *code;
   if (auto code = plan_ranks(std::move(gpus))) return *code;
   if (auto code = prepare_join()) return *code;
@@ -278,7 +279,7 @@ std::optional<int> Launch::lease_gpus(std::vector<GpuDevice>& gpus) {
   lease_holder_ = std::make_unique<RendezvousClient>(io_, *endpoint);
   auto granted = lease_holder_->lease(
       {{"gpus", gpus_wanted(config_, gpus)}, {"wait_s", config_.gpu_wait}, {"job", config_.rdzv_id}},
-      std::chrono::milliseconds(static_cast<long>(config_.gpu_wait * 1000)) + kRendezvousConnectTimeout);
+      std::chrono::milliseconds(static_cast<long>(config_.gpu_wait * 1000)) + kConnectTimeout);
   if (!granted) {
     spdlog::error("no GPU lease from rendezvousd at {}: {}", *endpoint, granted.error().message);
     return kExitRendezvous;
@@ -387,6 +388,11 @@ std::optional<int> Launch::prepare_supervision() {
   // node hears of them at once, so each node's report covers the whole job.
   group_->on_stall([this](const StallNotice& notice, const std::vector<WorkerStatus>& workers) {
     std::vector<RankProgress> local = watch_->diagnose(notice, workers);
+    std::map<int, int> pids;
+    for (const WorkerStatus& worker : workers) pids[worker.rank] = worker.pid;
+    const HintJob job = hint_job(pids);
+    for (RankProgress& rank : local)
+      rank.hint = failure_hint(rank.rank, {rank.last_line}, job, hint_probes_).value_or("");
     if (rendezvous_) {
       nlohmann::json ranks = nlohmann::json::array();
       for (const RankProgress& rank : local) ranks.push_back(to_json(rank));
@@ -405,7 +411,7 @@ bool Launch::join_round() {
   // The daemon times the round out itself; our limit only covers a daemon that went silent.
   auto joined = client->join(
       join_, std::chrono::milliseconds(static_cast<long>(config_.join_timeout * 1000)) +
-                 kRendezvousConnectTimeout);
+                 kConnectTimeout);
   if (!joined) {
     spdlog::error("{}", joined.error().message);
     return false;
@@ -538,8 +544,14 @@ std::optional<int> Launch::conclude(const AttemptResult& result, int attempt, in
         return cancelled_by_slurm();
       break;
   }
+  std::map<int, int> pids;
+  for (const WorkerOutcome& worker : result.workers) pids[worker.rank] = worker.pid;
+  const WorkerOutcome& root = result.workers[result.first_failure];
+  const std::string hint =
+      failure_hint(root.rank, failure_text(root), hint_job(pids), hint_probes_).value_or("");
+  summary_.set_hint(hint);
   std::fputs(format_failure_report(result.workers, result.first_failure, host_, restart_count,
-                                   config_.max_restarts, collectives_at_end_)
+                                   config_.max_restarts, collectives_at_end_, hint)
                  .c_str(),
              stderr);
   name_nccl_logs(config_, result, run_dir_->attempt(attempt));
@@ -558,6 +570,13 @@ std::optional<int> Launch::conclude_stall(const AttemptResult& result, int attem
   run_until(io_, [&] { return reported_nodes_.size() >= other_nodes; }, kStallReportTimeout);
   run_dir_->keep();
   const std::string report = format_stall_report(*result.stall, summary_.stall_ranks, plan_->job.world_size);
+  // The summary's hint: a rank the others waited for first, else any rank whose output matched.
+  const int furthest = furthest_level(summary_.stall_ranks);
+  const RankProgress* hinted = nullptr;
+  for (const RankProgress& rank : summary_.stall_ranks)
+    if (!rank.hint.empty() && (!hinted || (rank.level < furthest && hinted->level >= furthest)))
+      hinted = &rank;
+  if (hinted) summary_.set_hint(hinted->hint);
   std::fputs(report.c_str(), stderr);
   const auto report_file = run_dir_->attempt(attempt).attempt_dir / "stall_report.txt";
   std::ofstream(report_file) << report;
@@ -570,6 +589,25 @@ std::optional<int> Launch::conclude_stall(const AttemptResult& result, int attem
   spdlog::warn("restarting the worker group after the stall ({} of {} restarts)", restart_count + 1,
                config_.max_restarts);
   return std::nullopt;
+}
+
+HintJob Launch::hint_job(const std::map<int, int>& pids) const {
+  HintJob job;
+  job.node_gpus = node_gpus_;
+  job.pinned = plan_->pinned;
+  job.no_pin = config_.no_pin;
+  if (auto visible = inherited_.find("CUDA_VISIBLE_DEVICES"); visible != inherited_.end())
+    job.inherited_visible_devices = visible->second;
+  for (const Environment* env : {&plan_->extra_env, &inherited_})  // The user's value wins.
+    if (auto set = env->find("NCCL_SOCKET_IFNAME"); set != env->end()) job.socket_interface = set->second;
+  job.master_port = plan_->job.master_port;
+  for (const RankSlot& slot : plan_->slots) {
+    HintRank& rank = job.ranks[slot.identity.rank];
+    rank.local_rank = plan_->job.virtual_local_rank ? 0 : slot.identity.local_rank;
+    rank.visible_gpus = slot.identity.visible_gpus;
+    if (auto pid = pids.find(slot.identity.rank); pid != pids.end()) rank.pid = pid->second;
+  }
+  return job;
 }
 
 int Launch::cancelled_by_slurm() {

@@ -13,6 +13,7 @@
 
 #include "common/topology.hpp"
 #include "launcher/config/launch_config.hpp"
+#include "launcher/diagnose/failure_hints.hpp"
 #include "launcher/plan/port_reservation.hpp"
 #include "launcher/process/process_control.hpp"
 #include "launcher/plan/rank_plan.hpp"
@@ -55,6 +56,8 @@ class Launch {
   /// The job store on MASTER_PORT, observed by the watchdogs; false when the port cannot be had.
   bool open_store();
   StallHooks stall_hooks();
+  /// What the failure hints know of this node's part of the job; `pids` by global rank.
+  HintJob hint_job(const std::map<int, int>& pids) const;
   /// What an attempt's end means: the exit code, or nullopt to run the next attempt.
   std::optional<int> conclude(const AttemptResult& result, int attempt, int& restart_count);
   std::optional<int> conclude_stall(const AttemptResult& result, int attempt, int restart_count);
@@ -66,6 +69,8 @@ class Launch {
   const LaunchConfig& config_;
   RunSummary& summary_;
   const std::string host_;
+  std::vector<GpuDevice> node_gpus_;  ///< Every GPU discovered on this node, for the hints.
+  const HintProbes hint_probes_ = system_hint_probes();
   Environment inherited_;
   boost::asio::io_context io_;
   std::unique_ptr<RendezvousClient> lease_holder_;  ///< Holds the GPU lease while it lives.

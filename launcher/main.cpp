@@ -24,7 +24,7 @@ namespace {
 
 int show_topology() {
   std::vector<GpuDevice> gpus = discover_gpus();
-  annotate_with_nvml(gpus);
+  annotate_with_driver_uuids(gpus);
   std::optional<std::string> allowed;
   if (const char* visible = std::getenv("CUDA_VISIBLE_DEVICES")) allowed = visible;
   std::cout << format_topology(gpus, topology_order(gpus, allowed));

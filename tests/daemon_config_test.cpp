@@ -94,6 +94,42 @@ TEST_F(DaemonConfigTest, UnknownKeyAndWrongTypeNameTheLine) {
   EXPECT_FALSE(load_daemon_config("/nonexistent.yaml", config));
 }
 
+TEST_F(DaemonConfigTest, ShippedCapsAreTheSessionDefaults) {
+  DaemonConfig config;
+  config.server.session_limits = {.max_queued_bytes = 1, .messages_per_second = 1, .message_burst = 1};
+  ASSERT_TRUE(load_daemon_config(std::string(MCPRUN_SOURCE_DIR) + "/configs/rendezvousd.yaml", config));
+  const SessionLimits defaults;
+  EXPECT_EQ(config.server.session_limits.max_queued_bytes, defaults.max_queued_bytes);
+  EXPECT_EQ(config.server.session_limits.messages_per_second, defaults.messages_per_second);
+  EXPECT_EQ(config.server.session_limits.message_burst, defaults.message_burst);
+}
+
+TEST_F(DaemonConfigTest, ConnectionCapsAreReadAndChecked) {
+  DaemonConfig config;
+  ASSERT_TRUE(load_daemon_config(
+      write("max_queued_bytes: 65540\nmessages_per_second: 2.5\nmessage_burst: 1\n"), config));
+  EXPECT_EQ(config.server.session_limits.max_queued_bytes, kMinQueuedBytes);
+  EXPECT_EQ(config.server.session_limits.messages_per_second, 2.5);
+  EXPECT_EQ(config.server.session_limits.message_burst, 1);
+
+  const std::pair<const char*, const char*> refused[] = {
+      {"max_queued_bytes: 65539\n", ":1: 'max_queued_bytes' must be a byte count >= 65540 (one largest frame)"},
+      {"max_queued_bytes: lots\n", ":1: 'max_queued_bytes' must be a byte count >= 65540"},
+      {"max_queued_bytes: -1\n", ":1: 'max_queued_bytes' must be a byte count >= 65540"},
+      {"lease_s: 3\nmessages_per_second: 0\n", ":2: 'messages_per_second' must be messages a second > 0"},
+      {"messages_per_second: .nan\n", ":1: 'messages_per_second' must be messages a second > 0"},
+      {"messages_per_second: .inf\n", ":1: 'messages_per_second' must be messages a second > 0"},
+      {"message_burst: 0.5\n", ":1: 'message_burst' must be a message count >= 1"},
+      {"message_burst: [1]\n", ":1: 'message_burst' must be a message count >= 1"},
+      {"lease_s: .nan\n", ":1: 'lease_s' must be seconds > 0"},
+  };
+  for (const auto& [text, expected] : refused) {
+    auto error = error_of(load_daemon_config(write(text), config));
+    EXPECT_NE(error.find(expected), std::string::npos) << text << " -> " << error;
+    EXPECT_EQ(error.find('\n'), std::string::npos) << error;  // One line.
+  }
+}
+
 TEST_F(DaemonConfigTest, TokenFileMustHoldAToken) {
   DaemonConfig config;
   config.token_file = write("\n");

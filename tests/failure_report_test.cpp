@@ -49,6 +49,28 @@ TEST(FailureReport, NamesTheCollectiveEachRankWasInWhenGiven) {
       << report;
 }
 
+TEST(FailureReport, ShowsTheHintBesideTheRootCauseOnlyWhenGiven) {
+  const auto workers = three_workers();
+  EXPECT_EQ(format_failure_report(workers, 1, "node-a", 0, 0).find("hint:"), std::string::npos);
+  const std::string report = format_failure_report(
+      workers, 1, "node-a", 0, 0, {}, "ranks 1 and 0 both ran on GPU 0000:00:06.0: --no-pin left every rank the same GPUs");
+  EXPECT_NE(report.find("  hint:       ranks 1 and 0 both ran on GPU 0000:00:06.0: --no-pin"), std::string::npos)
+      << report;
+  EXPECT_LT(report.find("hint:"), report.find("last output")) << report;
+}
+
+TEST(FailureReport, TheHintReadsTheTailThenTheRecordedMessage) {
+  auto path = std::filesystem::temp_directory_path() / ("error_hint_" + std::to_string(::getpid()) + ".json");
+  std::ofstream(path) << R"({"message": {"message": "DistBackendError: NCCL error\nLast error:\nDuplicate GPU detected : rank 1 and rank 0 both on CUDA device 60", "extraInfo": {"py_callstack": "", "timestamp": "1"}}})";
+  auto workers = three_workers();
+  workers[1].error_file = path;
+  const auto lines = failure_text(workers[1]);
+  ASSERT_EQ(lines.size(), 5u);
+  EXPECT_EQ(lines[0], "loading data");
+  EXPECT_EQ(lines[4], "Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 60");
+  std::filesystem::remove(path);
+}
+
 TEST(FailureReport, ShowsRecordedErrorFile) {
   auto path = std::filesystem::temp_directory_path() /
               ("error_" + std::to_string(::getpid()) + ".json");

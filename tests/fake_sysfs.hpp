@@ -127,6 +127,20 @@ class FakeSysfs {
     }
   }
 
+  /// The driver's <root>/proc/driver/nvidia/gpus/<bus id>/information for one GPU, in the layout
+  /// driver 580 writes (tabs included); point MCPRUN_PROC_ROOT at proc_root().
+  void add_driver_information(const std::string& bus_id, const std::string& uuid, int minor = 0) {
+    const auto dir = proc_root() / "driver/nvidia/gpus" / bus_id;
+    std::filesystem::create_directories(dir);
+    std::ofstream(dir / "information")
+        << "Model: \t\t NVIDIA H200\nIRQ:   \t\t 0\nGPU UUID: \t " << uuid
+        << "\nVideo BIOS: \t 96.00.af.00.01\nBus Type: \t PCIe\nDMA Size: \t 52 bits\n"
+           "DMA Mask: \t 0xfffffffffffff\nBus Location: \t "
+        << bus_id << "\nDevice Minor: \t " << minor << "\nGPU Excluded:\t No\n";
+  }
+
+  std::filesystem::path proc_root() const { return root_ / "proc"; }
+
   /// Writes one attribute at `relative` under the root, making its folders.
   void write_attribute(const std::string& relative, const std::string& value) {
     std::filesystem::create_directories((root_ / relative).parent_path());

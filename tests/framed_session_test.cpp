@@ -3,11 +3,14 @@
 #include <gtest/gtest.h>
 
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/local/connect_pair.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
 #include <boost/asio/write.hpp>
 
 #include <stdexcept>
+
+#include "tests/temp_dir.hpp"
 
 #include "common/event_loop.hpp"
 #include "common/protocol.hpp"
@@ -33,7 +36,11 @@ class EchoSession : public FramedSession {
     if (!reply_.empty()) send({{"type", "reply"}, {"pad", reply_}});
   }
   void on_closed() override { closed_seen = true; }
+  void on_cut(const std::string& reason) override { cut_reason = reason; }
   std::string reply_;
+
+ public:
+  std::string cut_reason;
 };
 
 struct Pair {
@@ -84,6 +91,133 @@ TEST(FramedSession, ABadFrameClosesTheConnection) {
   pair.send(std::string("\0\0\0\5hello", 9));
   EXPECT_TRUE(pair.run_until_closed());
   EXPECT_EQ(pair.session->messages, 0);
+}
+
+TEST(FramedSession, ACutNamesItsReasonOnce) {
+  Pair pair(SessionLimits{.messages_per_second = 10, .message_burst = 1});
+  pair.send(encode_frame({{"type", "ok"}}) + encode_frame({{"type", "ok"}}));
+  EXPECT_TRUE(pair.run_until_closed());
+  EXPECT_EQ(pair.session->cut_reason, "more than 10 messages a second");
+}
+
+TEST(FramedSession, UnmeteredPeersAreNotRateCapped) {
+  Pair pair(kUnmeteredLimits);
+  std::string flood;
+  for (int i = 0; i < 20000; ++i) flood += encode_frame({{"type", "ok"}});
+  flood += std::string("\0\0\0\5hello", 9);  // A bad frame ends it, after the flood.
+  // More than the socket holds: written while the session reads.
+  asio::async_write(pair.peer, asio::buffer(flood), [](boost::system::error_code, size_t) {});
+  EXPECT_TRUE(pair.run_until_closed());
+  EXPECT_EQ(pair.session->messages, 20000);
+  EXPECT_EQ(pair.session->cut_reason.rfind("bad frame", 0), 0u) << pair.session->cut_reason;
+}
+
+TEST(FramedSession, AnOversizedFrameIsCutBeforeItIsBuffered) {
+  Pair pair(kUnmeteredLimits);
+  const uint32_t length = kMaxFrameBytes + 1;
+  pair.send(std::string{char(length >> 24), char(length >> 16), char(length >> 8), char(length)});
+  EXPECT_TRUE(pair.run_until_closed());
+  EXPECT_EQ(pair.session->cut_reason.rfind("bad frame", 0), 0u) << pair.session->cut_reason;
+}
+
+TEST(FramedSession, WholeUnwrittenFramesOutliveTheConnection) {
+  Pair pair(SessionLimits{});
+  pair.session->send({{"type", "first"}});  // Being written.
+  pair.session->send({{"type", "second"}});
+  pair.session->send({{"type", "third"}});
+  EXPECT_TRUE(pair.session->writing());
+  pair.session->close();
+  auto unwritten = pair.session->take_unwritten();
+  ASSERT_EQ(unwritten.size(), 2u);
+  EXPECT_EQ(unwritten.front(), encode_frame({{"type", "second"}}));
+  EXPECT_FALSE(pair.session->writing());
+}
+
+TEST(FramedSession, TheQueueCapHoldsOneLargestFrame) {
+  Pair pair(SessionLimits{.max_queued_bytes = kMinQueuedBytes});
+  std::string largest(kMaxFrameBytes - 64, 'x');
+  pair.session->send({{"type", "big"}, {"pad", largest}});
+  EXPECT_FALSE(pair.session->closed());
+}
+
+/// A unix path in a fresh folder, and the io that dials it.
+struct Dial {
+  asio::io_context io;
+  testing::TempDir dir{"framed-session"};
+  std::string path = (dir / "s.sock").string();
+};
+
+TEST(ConnectWithin, ReachesAListenerAndSaysFromWhere) {
+  Dial dial;
+  asio::ip::tcp::acceptor acceptor(dial.io, {asio::ip::make_address("127.0.0.1"), 0});
+  auto tcp = connect_within(dial.io, Endpoint{"127.0.0.1", acceptor.local_endpoint().port(), ""},
+                            std::chrono::seconds(5));
+  ASSERT_TRUE(tcp) << tcp.error().message;
+  EXPECT_EQ(tcp->local_address, "127.0.0.1");
+  local::acceptor unix_acceptor(dial.io, local::endpoint(dial.path));
+  auto unix_socket = connect_within(dial.io, Endpoint{"", 0, dial.path}, std::chrono::seconds(5));
+  ASSERT_TRUE(unix_socket) << unix_socket.error().message;
+  EXPECT_EQ(unix_socket->local_address, "127.0.0.1");
+}
+
+TEST(ConnectWithin, NothingListeningIsRefusedAtOnce) {
+  Dial dial;
+  int port = 0;
+  {
+    asio::ip::tcp::acceptor closed(dial.io, {asio::ip::make_address("127.0.0.1"), 0});
+    port = closed.local_endpoint().port();
+  }
+  auto tcp = connect_within(dial.io, Endpoint{"127.0.0.1", port, ""}, std::chrono::seconds(5));
+  ASSERT_FALSE(tcp);
+  EXPECT_EQ(tcp.error().message, "Connection refused");
+  auto unix_socket = connect_within(dial.io, Endpoint{"", 0, dial.path}, std::chrono::seconds(5));
+  ASSERT_FALSE(unix_socket);
+  EXPECT_EQ(unix_socket.error().message, "No such file or directory");
+  auto unresolved = connect_within(dial.io, Endpoint{"no-such-host.invalid", 1, ""}, std::chrono::seconds(5));
+  ASSERT_FALSE(unresolved);
+  EXPECT_EQ(unresolved.error().message.rfind("cannot resolve no-such-host.invalid: ", 0), 0u);
+}
+
+/// Whether `run` returned within `limit` and a little more (a loaded box), and no sooner.
+template <typename Run>
+void expect_given_up_at(std::chrono::milliseconds limit, Run run) {
+  const auto start = std::chrono::steady_clock::now();
+  run();
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_GE(took, limit);
+  EXPECT_LT(took, limit + std::chrono::seconds(2));
+}
+
+TEST(ConnectWithin, AListenerThatNeverAcceptsCostsTheDeadline) {
+  Dial dial;
+  const std::chrono::milliseconds limit(300);
+  // Backlog 0: one connection fills each queue; past it the kernel drops SYNs (TCP) or refuses
+  // with EAGAIN (unix), and no accept ever frees a slot.
+  asio::ip::tcp::acceptor tcp_listener(dial.io, asio::ip::tcp::v4());
+  tcp_listener.bind({asio::ip::make_address("127.0.0.1"), 0});
+  tcp_listener.listen(0);
+  const Endpoint tcp_endpoint{"127.0.0.1", tcp_listener.local_endpoint().port(), ""};
+  auto tcp_filler = connect_within(dial.io, tcp_endpoint, std::chrono::seconds(5));
+  ASSERT_TRUE(tcp_filler) << tcp_filler.error().message;
+  expect_given_up_at(limit, [&] {
+    auto tcp = connect_within(dial.io, tcp_endpoint, limit);
+    ASSERT_FALSE(tcp);
+    EXPECT_EQ(tcp.error().message, "no answer within 0.3 s");
+  });
+
+
+  local::acceptor unix_listener(dial.io, local());
+  unix_listener.bind(local::endpoint(dial.path));
+  unix_listener.listen(0);
+  const Endpoint unix_endpoint{"", 0, dial.path};
+  auto unix_filler = connect_within(dial.io, unix_endpoint, std::chrono::seconds(5));
+  ASSERT_TRUE(unix_filler) << unix_filler.error().message;
+  expect_given_up_at(limit, [&] {
+    auto unix_socket = connect_within(dial.io, unix_endpoint, limit);
+    ASSERT_FALSE(unix_socket);
+    EXPECT_EQ(unix_socket.error().message,
+              "no answer within 0.3 s: its backlog is full and it accepts nothing");
+  });
 }
 
 }  // namespace

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/temp_dir.hpp"
+
 #include <filesystem>
 #include <fstream>
 
@@ -164,6 +166,43 @@ TEST_F(RankPlanTest, DryRunPrintsWhatTheSpawnBuilderGivesEachWorker) {
   EXPECT_FALSE(delta.contains("NCCL_DEBUG_FILE"));
   EXPECT_EQ(delta.at("RANK"), "1");
   EXPECT_EQ(delta.at("TORCHELASTIC_RESTART_COUNT"), "3");
+}
+
+/// A prefix with bin/mcprun and bin/python3, and `marker` (pyvenv.cfg, conda-meta/) when given.
+std::filesystem::path install_prefix(const std::filesystem::path& prefix, const std::string& marker) {
+  std::filesystem::create_directories(prefix / "bin");
+  std::ofstream(prefix / "bin" / "mcprun");
+  std::ofstream(prefix / "bin" / "python3");
+  if (marker == "conda-meta") std::filesystem::create_directories(prefix / marker);
+  else if (!marker.empty()) std::ofstream(prefix / marker) << "home = /usr/bin\n";
+  return prefix / "bin" / "mcprun";
+}
+
+TEST(WorkerPythonTest, AVenvsMcprunRunsThatVenvsPython) {
+  testing::TempDir dir("worker-python");
+  const auto launcher = install_prefix(dir / "venv", "pyvenv.cfg");
+  EXPECT_EQ(worker_python({{"PATH", "/usr/bin"}}, launcher), (dir / "venv/bin/python3").string());
+}
+
+TEST(WorkerPythonTest, ACondaEnvsMcprunRunsThatEnvsPython) {
+  testing::TempDir dir("worker-python");
+  const auto launcher = install_prefix(dir / "env", "conda-meta");
+  EXPECT_EQ(worker_python({}, launcher), (dir / "env/bin/python3").string());
+}
+
+TEST(WorkerPythonTest, PythonExecWinsOverTheVenv) {
+  testing::TempDir dir("worker-python");
+  const auto launcher = install_prefix(dir / "venv", "pyvenv.cfg");
+  EXPECT_EQ(worker_python({{"PYTHON_EXEC", "/opt/py/bin/python"}}, launcher), "/opt/py/bin/python");
+}
+
+TEST(WorkerPythonTest, OutsideAPythonEnvironmentPython3IsLookedUpOnPath) {
+  testing::TempDir dir("worker-python");
+  // /usr/bin/mcprun beside /usr/bin/python3: the Debian package keeps PATH's python3, so an
+  // activated venv still wins there.
+  EXPECT_EQ(worker_python({}, install_prefix(dir / "usr", "")), "python3");
+  EXPECT_EQ(worker_python({}, dir / "build/launcher/mcprun"), "python3");
+  EXPECT_EQ(worker_python({}, std::filesystem::path()), "python3");
 }
 
 }  // namespace

@@ -61,6 +61,7 @@ TEST_F(RunSummaryTest, FailedRankJsonFields) {
   EXPECT_EQ(json["exit_code"], 7);
   EXPECT_EQ(json["root_cause"],
             "rank 1 on node-a exited with exit code 7: ValueError: bad shard 17");
+  EXPECT_TRUE(json["hint"].is_null());  // "bad shard 17" is no known signature.
   EXPECT_EQ(json["world_size"], 2);
   EXPECT_EQ(json["restarts"], 0);
   EXPECT_EQ(json["host"], "node-a");
@@ -82,6 +83,17 @@ TEST_F(RunSummaryTest, FailedRankJsonFields) {
   EXPECT_NEAR(failed["duration_s"].get<double>(), 1.5, 0.5);
   EXPECT_EQ(failed["log"]["stdout"], (dir_ / "attempt_0" / "1" / "stdout.log").string());
   EXPECT_EQ(failed["log"]["stderr"], (dir_ / "attempt_0" / "1" / "stderr.log").string());
+}
+
+TEST_F(RunSummaryTest, TheFailuresHintIsItsOwnFieldAndANewAttemptClearsIt) {
+  RunSummary summary(config_, "node-a");
+  summary.begin_attempt();
+  summary.end_attempt(failed_attempt(), files(), 2);
+  summary.set_hint("rank 1 has LOCAL_RANK=1 but could see 1 GPU(s)");
+  EXPECT_EQ(summary.format_json(7)["hint"], "rank 1 has LOCAL_RANK=1 but could see 1 GPU(s)");
+  summary.begin_attempt();
+  summary.end_attempt(failed_attempt(), files(), 2);
+  EXPECT_TRUE(summary.format_json(7)["hint"].is_null());
 }
 
 TEST_F(RunSummaryTest, RootCauseIsWhatRecordWrote) {
@@ -154,18 +166,22 @@ TEST_F(RunSummaryTest, StalledRankIsMarkedAsTheReportMarksIt) {
   result.workers = {worker(0, 0, SIGTERM, true), worker(1, 0, SIGTERM, true)};
   summary.stall_ranks = {
       {0, 0, "node-a", 1000, RankProgress::kConnected, "connected, not at the init barrier", "up",
-       1, ""},
+       1, "", ""},
       {1, 1, "node-a", 1001, RankProgress::kNotConnected, "never connected to the store",
-       "sleeping", 1, "/logs/attempt_0/1/stacks.txt"},
+       "sleeping", 1, "/logs/attempt_0/1/stacks.txt", "ranks 1 and 0 both ran on GPU 0000:00:06.0"},
       {2, 0, "node-b", 2000, RankProgress::kConnected, "connected, not at the init barrier", "up",
-       1, ""}};
+       1, "", ""}};
   summary.end_attempt(result, files(), 4);
+  summary.set_hint("ranks 1 and 0 both ran on GPU 0000:00:06.0");
   const auto json = summary.format_json(kExitStalled);
   EXPECT_EQ(json["result"], "stalled");
   EXPECT_EQ(json["root_cause"], result.stall->what);
   EXPECT_EQ(json["ranks"][0]["stalled"], false);
   EXPECT_EQ(json["ranks"][1]["stalled"], true);
   EXPECT_EQ(json["ranks"][1]["stack_dump"], "/logs/attempt_0/1/stacks.txt");
+  EXPECT_EQ(json["hint"], "ranks 1 and 0 both ran on GPU 0000:00:06.0");
+  EXPECT_EQ(json["ranks"][1]["hint"], "ranks 1 and 0 both ran on GPU 0000:00:06.0");
+  EXPECT_FALSE(json["ranks"][0].contains("hint"));  // Its output matched nothing.
   const std::string junit = summary.format_junit(kExitStalled);
   EXPECT_NE(junit.find("failures=\"1\" errors=\"0\" skipped=\"1\""), std::string::npos) << junit;
   EXPECT_NE(junit.find("name=\"rank 1\" time=\""), std::string::npos);

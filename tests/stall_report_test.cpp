@@ -41,6 +41,20 @@ TEST(StallReport, NamesTheRanksBehindTheFurthestAsMissing) {
   EXPECT_NE(report.find("rank 2: node-b:/logs/attempt_0/0/stacks.txt"), std::string::npos) << report;
   // Sorted by rank.
   EXPECT_LT(report.find("  0     node-a"), report.find("  1     node-a")) << report;
+  EXPECT_EQ(report.find("hint:"), std::string::npos) << report;  // No rank's output matched.
+}
+
+TEST(StallReport, ARankWhoseLastOutputMatchedShowsItsHintUnderItsRow) {
+  StallNotice notice;
+  notice.what = "the process group's init barrier was not passed within --init-timeout 10 s";
+  RankProgress stuck = rank(1, RankProgress::kConnected, "connected, not at the init barrier");
+  stuck.hint = "NCCL's bootstrap could not open or reach its peers' sockets at init";
+  const std::string report =
+      format_stall_report(notice, {rank(0, RankProgress::kArrived, "at the init barrier"), stuck}, 2);
+  const auto row = report.find("  1*    node-a:1");
+  ASSERT_NE(row, std::string::npos) << report;
+  EXPECT_NE(report.find("\n        hint: NCCL's bootstrap could not open", row), std::string::npos) << report;
+  EXPECT_EQ(report.find("hint:"), report.rfind("hint:")) << report;  // Rank 0 has none.
 }
 
 TEST(StallReport, CountsRanksOfNodesThatSentNoReport) {
@@ -71,6 +85,9 @@ TEST(StallReport, NoticeAndProgressSurviveTheWire) {
   EXPECT_EQ(copy.level, RankProgress::kNotConnected);
   EXPECT_EQ(copy.state, progress.state);
   EXPECT_EQ(copy.stack_file, progress.stack_file);
+  RankProgress hinted = progress;
+  hinted.hint = "rank 3 has LOCAL_RANK=1 but could see 1 GPU(s)";
+  EXPECT_EQ(rank_progress_from_json(to_json(hinted)).hint, hinted.hint);
 }
 
 }  // namespace

@@ -185,6 +185,47 @@ TEST(AllowedSet, UuidsAndGpuPrefixesNameGpus) {
             std::string::npos);
 }
 
+TEST(DriverUuids, EachGpuGetsTheUuidTheDriverListsForItsBusId) {
+  FakeSysfs sysfs;
+  add_interleaved_numa(sysfs);
+  sysfs.add_driver_information("0000:86:00.0", "GPU-86868686-1111-2222-3333-444444444444", 3);
+  sysfs.add_driver_information("0000:1a:00.0", "GPU-1a1a1a1a-1111-2222-3333-444444444444", 0);
+  const std::string masked = "GPU-" + std::string(8, '?') + "-" + std::string(4, '?') + "-" +
+                             std::string(4, '?') + "-" + std::string(4, '?') + "-" + std::string(12, '?');
+  sysfs.add_driver_information("0000:3b:00.0", masked, 1);  // As a container without rights reads.
+  auto gpus = discover_gpus(sysfs.root());
+  annotate_with_driver_uuids(gpus, sysfs.proc_root());
+  EXPECT_EQ(gpus[0].uuid, "GPU-1a1a1a1a-1111-2222-3333-444444444444");
+  EXPECT_EQ(gpus[1].uuid, "");  // Masked: the PCI index stands in.
+  EXPECT_EQ(gpus[2].uuid, "");  // Not listed by the driver.
+  EXPECT_EQ(gpus[3].uuid, "GPU-86868686-1111-2222-3333-444444444444");
+  // The rank mapping follows topology order and names each GPU by its UUID, as NVML's did.
+  auto order = topology_order(gpus);
+  std::vector<std::string> visible;
+  for (const auto& gpu : order.gpus) visible.push_back(gpu.cuda_visible_name());
+  EXPECT_EQ(visible, (Ids{"GPU-1a1a1a1a-1111-2222-3333-444444444444", "2",
+                          "1", "GPU-86868686-1111-2222-3333-444444444444"}));
+}
+
+TEST(DriverUuids, BusLocationLineWinsAndSpellingsMatch) {
+  FakeSysfs sysfs;
+  sysfs.add({.bus_id = "0000:3b:00.0"});
+  sysfs.add_driver_information("0000:3B:00.0", "GPU-3b3b3b3b-1111-2222-3333-444444444444");
+  auto gpus = discover_gpus(sysfs.root());
+  annotate_with_driver_uuids(gpus, sysfs.proc_root());
+  EXPECT_EQ(gpus[0].uuid, "GPU-3b3b3b3b-1111-2222-3333-444444444444");
+  EXPECT_EQ(normalise_bus_id("00000000:3B:00.0"), "0000:3b:00.0");
+  EXPECT_EQ(normalise_bus_id("not a bus"), "not a bus");
+}
+
+TEST(DriverUuids, NoDriverTreeLeavesUuidsEmpty) {
+  FakeSysfs sysfs;
+  add_interleaved_numa(sysfs);
+  auto gpus = discover_gpus(sysfs.root());
+  annotate_with_driver_uuids(gpus, sysfs.root() / "no-proc");
+  for (const auto& gpu : gpus) EXPECT_EQ(gpu.uuid, "");
+}
+
 TEST(AllowedSet, EmptyStringAllowsNoGpus) {
   FakeSysfs sysfs;
   add_interleaved_numa(sysfs);

@@ -114,7 +114,7 @@ int run_doctor(const std::vector<std::string>& args) {
   app.add_option("--shm", shm, "The shared-memory filesystem NCCL uses")->capture_default_str();
   app.add_flag("--no-torch", no_torch,
                "Skip the NCCL check, which imports torch in the workers' python ($PYTHON_EXEC, "
-               "else python3)");
+               "else the venv's python3 where pip installed mcprun, else python3)");
   if (auto done = parse_subcommand(app, args)) return *done;
   if (!rdzv_endpoint.empty()) {
     auto parsed = parse_endpoint(rdzv_endpoint, kConnectRules);

@@ -1,12 +1,6 @@
 #include "launcher/commands/operator_command.hpp"
 
-#include <boost/asio/connect.hpp>
-#include <boost/asio/generic/stream_protocol.hpp>
 #include <boost/asio/io_context.hpp>
-#include <boost/asio/ip/tcp.hpp>
-#include <boost/asio/local/stream_protocol.hpp>
-#include <boost/asio/read.hpp>
-#include <boost/asio/write.hpp>
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -17,6 +11,7 @@
 #include "common/endpoint.hpp"
 #include "common/event_loop.hpp"
 #include "common/exit_status.hpp"
+#include "common/framed_session.hpp"
 #include "launcher/config/subcommand.hpp"
 #include "common/messages.hpp"
 #include "common/protocol.hpp"
@@ -26,57 +21,48 @@ namespace {
 
 namespace asio = boost::asio;
 
-/// How long the daemon may take to answer an operator request.
+/// How long the daemon may take to answer an operator request once connected.
 constexpr std::chrono::seconds kOperatorRequestTimeout{10};
+
+/// One request's connection: the first frame back is the answer. Whatever ends it early is kept
+/// for the command's one line, not logged.
+class OperatorExchange : public FramedSession {
+ public:
+  using FramedSession::FramedSession;
+  std::optional<Expected<nlohmann::json>> answer;
+
+ private:
+  void on_frame(const nlohmann::json& message) override {
+    answer = message;
+    close();
+  }
+  void on_cut(const std::string& reason) override { cut_because_ = reason; }
+  void on_closed() override {
+    if (answer) return;
+    answer = Error{peer() + (cut_because_.empty() ? " closed the connection without an answer"
+                                                  : ": " + cut_because_)};
+  }
+  std::string cut_because_;
+};
 
 /// Sends one request and reads the one reply; an error line naming the endpoint otherwise.
 Expected<nlohmann::json> ask_daemon(const std::string& endpoint, const nlohmann::json& request) {
   auto parsed = parse_endpoint(endpoint, kConnectRules);
   if (!parsed) return Error{"--rdzv-endpoint " + parsed.error().message};
   asio::io_context io;
-  asio::generic::stream_protocol::socket socket(io);
-  boost::system::error_code ec;
-  if (parsed->is_unix()) {
-    asio::local::stream_protocol::socket local(io);
-    local.connect(asio::local::stream_protocol::endpoint(parsed->unix_path), ec);
-    if (ec) return Error{"cannot reach rendezvousd at " + endpoint + ": " + ec.message()};
-    socket = asio::generic::stream_protocol::socket(std::move(local));
-  } else {
-    asio::ip::tcp::resolver resolver(io);
-    auto addresses = resolver.resolve(parsed->host, std::to_string(parsed->port), ec);
-    asio::ip::tcp::socket tcp(io);
-    if (!ec) asio::connect(tcp, addresses, ec);
-    if (ec) return Error{"cannot reach rendezvousd at " + endpoint + ": " + ec.message()};
-    socket = asio::generic::stream_protocol::socket(std::move(tcp));
-  }
-  asio::write(socket, asio::buffer(encode_frame(request)), ec);
-  if (ec) return Error{"rendezvousd at " + endpoint + ": " + ec.message()};
-
-  std::string buffer;
-  std::array<char, 4096> chunk;
-  std::optional<Expected<nlohmann::json>> result;
-  std::function<void()> read_more = [&] {
-    socket.async_read_some(asio::buffer(chunk), [&](boost::system::error_code read_ec, size_t n) {
-      if (read_ec) {
-        result = Error{"rendezvousd at " + endpoint + " closed the connection without an answer"};
-        return;
-      }
-      buffer.append(chunk.data(), n);
-      FrameResult frame = decode_frame(buffer);
-      if (auto* whole = std::get_if<Frame>(&frame)) {
-        result = std::move(whole->message);
-      } else if (auto* bad = std::get_if<FrameError>(&frame)) {
-        result = Error{"rendezvousd sent a bad frame: " + bad->message};
-      } else {
-        read_more();
-      }
-    });
-  };
-  read_more();
-  if (!run_until(io, [&] { return result.has_value(); }, kOperatorRequestTimeout))
+  auto dialled = connect_within(io, *parsed, kConnectTimeout);
+  if (!dialled) return Error{"cannot reach rendezvousd at " + endpoint + ": " + dialled.error().message};
+  auto exchange = std::make_shared<OperatorExchange>(std::move(dialled->socket),
+                                                     "rendezvousd at " + endpoint, kUnmeteredLimits);
+  exchange->start(std::chrono::milliseconds::zero());  // Bounded below, with the command's line.
+  exchange->send(request);
+  const bool answered = run_until(io, [&] { return exchange->answer.has_value(); }, kOperatorRequestTimeout);
+  if (!answered) {
+    exchange->close();
     return Error{fmt::format("rendezvousd at {} did not answer within {} s", endpoint,
                              kOperatorRequestTimeout.count())};
-  return std::move(*result);
+  }
+  return std::move(*exchange->answer);
 }
 
 std::string format_age(double seconds) {
@@ -114,6 +100,9 @@ int run_operator_command(const std::vector<std::string>& args) {
                : command == "status" ? "mcprun status ID: one job's state, nodes and placement"
                                      : "mcprun stop ID: stop a job on every node (its workers get SIGTERM)",
                "mcprun " + command};
+  app.footer(fmt::format("Waits at most {} s to connect and {} s for the answer; past either, one "
+                         "line and exit {}.", kConnectTimeout.count(), kOperatorRequestTimeout.count(),
+                         static_cast<int>(kExitRendezvous)));
   std::string endpoint = kDefaultDaemonEndpoint, token_file, job;
   bool json = false;
   app.add_option("--rdzv-endpoint", endpoint, "rendezvousd to ask: unix:PATH or HOST:PORT")

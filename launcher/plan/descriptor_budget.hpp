@@ -9,8 +9,9 @@
 namespace mcprun {
 
 /// The launcher's own descriptors, whatever the job: the standard streams, the event loop's
-/// epoll, eventfd and timerfd, the guardian's pipe, the job store's and the helper's listeners,
-/// the FileTimer FIFO, a spawn's error pipe, a rendezvous connection. 15 measured at -n 1.
+/// epoll, eventfd and timerfd and those of the process control's launch context, the guardian's
+/// pipe, the job store's and the helper's listeners, the FileTimer FIFO, a spawn's error pipe and
+/// pidfd, a rendezvous connection. 18 measured at -n 1.
 inline constexpr long kLauncherDescriptors = 32;
 /// Per local rank, for the whole attempt: the read ends of its stdout and stderr pipes.
 inline constexpr long kOutputPipeDescriptors = 2;

@@ -1,5 +1,6 @@
 #include "launcher/plan/rank_plan.hpp"
 #include "common/sys.hpp"
+#include "launcher/plan/torch_version.hpp"
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>
@@ -40,9 +41,16 @@ std::string quote_arg(const std::string& arg) {
 
 }  // namespace
 
-std::string worker_python(const Environment& env) {
+std::string worker_python(const Environment& env, const std::filesystem::path& launcher) {
   auto exec = env.find("PYTHON_EXEC");
-  return exec != env.end() && !exec->second.empty() ? exec->second : "python3";
+  if (exec != env.end() && !exec->second.empty()) return exec->second;
+  std::error_code ec;
+  const auto prefix = launcher.parent_path().parent_path();
+  const bool python_environment = std::filesystem::exists(prefix / "pyvenv.cfg", ec) ||
+                                  std::filesystem::is_directory(prefix / "conda-meta", ec);
+  const auto beside = launcher.parent_path() / "python3";
+  if (python_environment && std::filesystem::exists(beside, ec)) return beside.string();
+  return "python3";
 }
 
 namespace {
@@ -87,6 +95,18 @@ Expected<std::vector<std::string>> worker_argv(const LaunchConfig& config,
   }
   argv.insert(argv.end(), config.script_args.begin(), config.script_args.end());
   return argv;
+}
+
+/// The torch the workers' interpreter imports: the one in their command line, or under
+/// --no-python the one PYTHON_EXEC (else python3) names, which a wrapper script most likely runs.
+std::optional<TorchVersion> workers_torch(const LaunchConfig& config,
+                                          const std::vector<std::string>& argv,
+                                          const Environment& inherited) {
+  std::optional<std::string> interpreter =
+      config.no_python ? find_executable(worker_python(inherited), search_path_of(inherited))
+                       : std::optional<std::string>(argv.front());
+  if (!interpreter) return std::nullopt;
+  return installed_torch_version(python_package_dirs(*interpreter, inherited));
 }
 
 /// One slot per local rank: its global rank and, when pinned, its GPU and the GPUs it sees.
@@ -187,6 +207,8 @@ Expected<RankPlan> build_rank_plan(const LaunchConfig& config, std::vector<GpuDe
                          config.max_restarts, nproc, nproc * group_world_size, group_rank,
                          group_world_size, config.virtual_local_rank,
                          format_signal_list(config.signals_to_handle)};
+  plan.job.nccl_async_error_handling =
+      nccl_async_error_handling_variable(workers_torch(config, plan.argv, inherited));
   plan.slots = rank_slots(config, order, nproc, group_rank, plan.pinned);
   if (auto bound = bind_numa(config, order, plan); !bound) return bound.error();
   finish_plan(config, inherited, plan);
@@ -269,7 +291,7 @@ std::string format_topology(const std::vector<GpuDevice>& discovered, const Topo
         << format_cpus(gpu.local_cpus);
     if (gpu.max_link_width > 0)
       out << "  link x" << gpu.link_width << "/x" << gpu.max_link_width;
-    out << "  uuid " << (gpu.uuid.empty() ? "- (NVML not loaded)" : gpu.uuid) << "\n";
+    out << "  uuid " << (gpu.uuid.empty() ? "- (not in the driver's /proc files)" : gpu.uuid) << "\n";
   }
   if (!order.error.empty()) out << "allowed set: " << order.error << "\n";
   out << "rank mapping (NUMA node, then PCIe switch, then bus id):\n";

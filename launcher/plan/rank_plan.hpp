@@ -90,7 +90,11 @@ std::string format_rank_plan(const RankPlan& plan, const Environment& inherited)
 /// The `mcprun topo` text: GPUs with NUMA node and switch, then the rank mapping.
 std::string format_topology(const std::vector<GpuDevice>& discovered, const TopologyOrder& order);
 
-/// The interpreter workers run: $PYTHON_EXEC, else python3 (as torchrun's PYTHON_EXEC).
-std::string worker_python(const Environment& env);
+/// The interpreter workers run: $PYTHON_EXEC (as torchrun's); else, when `launcher` (mcprun's own
+/// file) lies in the bin/ of a Python environment that pip installed it into (a venv or a conda
+/// env), that environment's python3, as torchrun runs its own sys.executable, activated or not;
+/// else python3 from PATH (a /usr or source-tree mcprun).
+std::string worker_python(const Environment& env,
+                          const std::filesystem::path& launcher = self_executable());
 
 }  // namespace mcprun

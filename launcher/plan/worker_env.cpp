@@ -55,8 +55,8 @@ Environment worker_env_delta(const JobIdentity& job, const WorkerIdentity& worke
       // A stalled worker then prints every thread's Python traceback on SIGABRT; "" opts out.
       {"PYTHONFAULTHANDLER", inherited_or("PYTHONFAULTHANDLER", "1")},
       {"TORCHELASTIC_ERROR_FILE", error_file},
-      {"TORCH_NCCL_ASYNC_ERROR_HANDLING", inherited_or("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")},
-      {"NCCL_ASYNC_ERROR_HANDLING", inherited_or("NCCL_ASYNC_ERROR_HANDLING", "1")},
+      // As that torch's torchrun: its own name, kept if exported; the other name passes through.
+      {job.nccl_async_error_handling, inherited_or(job.nccl_async_error_handling.c_str(), "1")},
   };
   if (!inherited.contains("OMP_NUM_THREADS") && job.local_world_size > 1)
     env["OMP_NUM_THREADS"] = "1";

@@ -30,6 +30,9 @@ struct JobIdentity {
   bool virtual_local_rank = false;
   /// TORCHELASTIC_SIGNALS_TO_HANDLE, as torchrun 2.x exports it.
   std::string signals_to_handle;
+  /// The one async-error-handling name the workers' torch reads (torch_version.hpp); the other
+  /// name is never set, so no rank prints torch's deprecation warning.
+  std::string nccl_async_error_handling = "TORCH_NCCL_ASYNC_ERROR_HANDLING";
 };
 
 /// One worker's place in the job.

@@ -8,6 +8,12 @@ extern "C" {  // glibc 2.36 declares these without C linkage.
 }
 #include <unistd.h>
 
+#include <boost/asio/connect_pipe.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/readable_pipe.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/writable_pipe.hpp>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -34,46 +40,81 @@ Expected<UniqueFd> open_pidfd(pid_t pid) {
   return fd;
 }
 
-void kill_and_wait(ProcessControl& control, pid_t pid, int pidfd) {
+Expected<ChildProcess> watch_child(boost::asio::io_context& io, pid_t pid) {
+  // Opened here rather than by v2, which would not report a failure.
+  auto pidfd = open_pidfd(pid);
+  if (!pidfd) return pidfd.error();
+  return ChildProcess(io.get_executor(), pid, pidfd->release());
+}
+
+std::optional<ProcessExit> exit_of(ProcessControl& control, ChildProcess& child,
+                                   boost::system::error_code ec) {
+  // Finds the child gone when v2 reaped it, and forgets it; reaps it when v2 did not get to.
+  auto reaped = control.reap_one(child.id());
+  if (ec) return reaped;
+  return exit_from_wait_status(child.id(), child.native_exit_code());
+}
+
+void kill_and_wait(ProcessControl& control, pid_t pid) {
+  // A pidfd of its own: 1.81's basic_process::native_handle() does not compile.
+  auto pidfd = open_pidfd(pid);
+  if (!pidfd) return;  // Gone already.
   control.signal_group(pid, SIGKILL);
-  wait_for_fd(pidfd, POLLIN, kKilledExitTimeout);
+  wait_for_fd(pidfd->get(), POLLIN, kKilledExitTimeout);
 }
 
 Expected<BoundedRun> run_with_deadline(ProcessControl& control, std::vector<std::string> argv,
                                        std::vector<std::string> env,
                                        std::chrono::milliseconds timeout,
                                        std::chrono::milliseconds exit_timeout) {
-  int pipe_fds[2];
-  if (::pipe2(pipe_fds, O_CLOEXEC) != 0) return Error{std::string("pipe2: ") + std::strerror(errno)};
-  UniqueFd read_end(pipe_fds[0]), write_end(pipe_fds[1]);
+  boost::asio::io_context io;
+  boost::asio::readable_pipe output(io);
+  boost::asio::writable_pipe child_end(io);
+  boost::system::error_code ec;
+  boost::asio::connect_pipe(output, child_end, ec);
+  if (ec) return Error{"pipe: " + ec.message()};
   UniqueFd discard(::open("/dev/null", O_WRONLY | O_CLOEXEC));
-  auto pid = control.spawn({std::move(argv), std::move(env), {}, write_end.get(), discard.get()});
-  write_end.reset();  // Ours closed, the child's end is the only one: its exit ends our reads.
+  auto pid = control.spawn(
+      {std::move(argv), std::move(env), {}, child_end.native_handle(), discard.get()});
+  child_end.close(ec);  // Ours closed, the child's end is the only one: its exit ends our reads.
   if (!pid) return pid.error();
-  auto pidfd = open_pidfd(*pid);
-  if (!pidfd) {  // Without it the run cannot be bounded: end it now rather than wait unbounded.
+  auto child = watch_child(io, *pid);
+  if (!child) {  // Without it the run cannot be bounded: end it now rather than wait unbounded.
     control.signal_group(*pid, SIGKILL);
-    return pidfd.error();
+    return child.error();
   }
 
   BoundedRun run;
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (char chunk[4096];;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0 || !wait_for_fd(read_end.get(), POLLIN, left)) {
-      run.timed_out = true;
-      break;
-    }
-    const ssize_t n = ::read(read_end.get(), chunk, sizeof chunk);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    run.output.append(chunk, static_cast<size_t>(n));
-  }
-  // A process exits right after closing its stdout; one that timed out or lingers is killed.
-  if (run.timed_out || !wait_for_fd(pidfd->get(), POLLIN, exit_timeout))
-    kill_and_wait(control, *pid, pidfd->get());
-  run.exit = control.reap_one(*pid);
+  boost::asio::steady_timer deadline(io, timeout);
+  bool killed = false, exited = false;
+  auto on_deadline = [&](auto& self, boost::system::error_code waited) -> void {
+    if (waited) return;
+    if (killed) return io.stop();  // It outlived its SIGKILL: no longer waiting for it.
+    if (output.is_open()) run.timed_out = true;
+    output.close(ec);
+    killed = true;
+    control.signal_group(*pid, SIGKILL);
+    deadline.expires_after(kKilledExitTimeout);
+    deadline.async_wait([&](boost::system::error_code next) { self(self, next); });
+  };
+  deadline.async_wait([&](boost::system::error_code waited) { on_deadline(on_deadline, waited); });
+  // A process exits right after closing its stdout; one that lingers is killed.
+  boost::asio::async_read(output, boost::asio::dynamic_buffer(run.output),
+                          [&](boost::system::error_code, size_t) {
+                            if (run.timed_out || exited) return;
+                            output.close(ec);
+                            deadline.expires_after(exit_timeout);
+                            deadline.async_wait([&](boost::system::error_code waited) {
+                              on_deadline(on_deadline, waited);
+                            });
+                          });
+  child->async_wait([&](boost::system::error_code waited, int) {
+    exited = true;
+    run.exit = exit_of(control, *child, waited);
+    deadline.cancel();
+  });
+  io.run();
+  child->detach();
   return run;
 }
 

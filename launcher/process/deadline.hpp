@@ -1,6 +1,7 @@
-// Waiting with a deadline: on a descriptor, or on a child process through its pidfd (Linux >= 5.3),
-// so an exit is learned without SIGCHLD or polling, whoever reaps the child first. The stack
-// dumpers use the pieces on the event loop; run_with_deadline is the blocking whole.
+// Bounding a child in time: the policy mcprun puts over Boost.Process v2, which awaits a child
+// through its pidfd (Linux >= 5.3) on an Asio loop, so an exit is learned without SIGCHLD or
+// polling. The stack dumpers use watch_child on the event loop; run_with_deadline is the blocking
+// whole, for the doctor's probes.
 #pragma once
 
 #include <sys/types.h>
@@ -12,6 +13,7 @@
 
 #include "common/expected.hpp"
 #include "common/unique_fd.hpp"
+#include "launcher/process/boost_process.hpp"
 #include "launcher/process/process_control.hpp"
 
 namespace mcprun {
@@ -27,8 +29,18 @@ bool wait_for_fd(int fd, short events, std::chrono::milliseconds limit);
 /// A pidfd of `pid`: readable once it exits. The error names the pid and the call's errno.
 Expected<UniqueFd> open_pidfd(pid_t pid);
 
-/// SIGKILLs `pid`'s process group and waits up to kKilledExitTimeout for `pidfd` to report the exit.
-void kill_and_wait(ProcessControl& control, pid_t pid, int pidfd);
+/// `pid`, a child started through a ProcessControl, as a v2 process on `io`: async_wait reaps it.
+/// Call detach() before it goes: v2 would SIGKILL a running child and wait for it unbounded.
+Expected<ChildProcess> watch_child(boost::asio::io_context& io, pid_t pid);
+
+/// How a watched child ended, from its async_wait: nullopt when reap() took the status first.
+/// The control is told, so that it no longer counts the child as its own.
+std::optional<ProcessExit> exit_of(ProcessControl& control, ChildProcess& child,
+                                   boost::system::error_code ec);
+
+/// SIGKILLs the process group of `pid`, an unreaped child, and waits up to kKilledExitTimeout
+/// for it to exit.
+void kill_and_wait(ProcessControl& control, pid_t pid);
 
 /// What a run bounded by run_with_deadline printed and how it ended.
 struct BoundedRun {

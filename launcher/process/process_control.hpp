@@ -5,11 +5,16 @@
 #include <sys/types.h>
 
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "common/expected.hpp"
+
+namespace boost::asio {
+class io_context;
+}
 
 namespace mcprun {
 
@@ -30,6 +35,9 @@ struct ProcessExit {
   bool succeeded() const { return signal == 0 && exit_code == 0; }
 };
 
+/// The ProcessExit of a status from waitpid (or from Boost.Process, which passes it on as is).
+ProcessExit exit_from_wait_status(pid_t pid, int status);
+
 /// Starts and controls worker processes.
 class ProcessControl {
  public:
@@ -47,7 +55,7 @@ class ProcessControl {
   /// Reaps every child that has exited, without blocking.
   virtual std::vector<ProcessExit> reap() = 0;
   /// Reaps `pid` alone if it has exited, without blocking, for a caller that learned of the exit
-  /// itself (a pidfd). nullopt while it runs, or once reap() has taken it.
+  /// itself (a pidfd). nullopt while it runs, or once reap() or a Boost.Process wait has taken it.
   virtual std::optional<ProcessExit> reap_one(pid_t pid) = 0;
   /// Whether any child (worker or adopted orphan) is still unreaped.
   virtual bool has_children() = 0;
@@ -57,8 +65,9 @@ class ProcessControl {
   virtual void set_exit_listener(std::function<void()> listener) { (void)listener; }
 };
 
-/// fork+exec with a clean slate: own process group, default signal dispositions, empty mask, no
-/// inherited fds beyond 0-2, PR_SET_PDEATHSIG so a SIGKILLed launcher takes its workers along.
+/// Starts through Boost.Process v2's launcher, one initializer per concern: own process group,
+/// default signal dispositions and an empty mask, the CPU set, stdout and stderr, no inherited fds
+/// beyond 0-2, PR_SET_PDEATHSIG and the guardian so a SIGKILLed launcher takes its workers along.
 class PosixProcessControl final : public ProcessControl {
  public:
   /// Starts the group guardian, then makes the launcher a child subreaper, so that orphaned
@@ -78,6 +87,9 @@ class PosixProcessControl final : public ProcessControl {
 
  private:
   std::vector<pid_t> spawned_;  ///< Group leaders we started; others we reap are orphans.
+  /// What v2's launcher needs for its fork notifications: a context of its own, so the event
+  /// loop's descriptors are not registered again in every child.
+  std::unique_ptr<boost::asio::io_context> launch_context_;
   /// Write end of the pipe to the guardian: a process outside our tree that learns each worker's
   /// process group and SIGKILLs them all if the launcher dies without saying goodbye. PDEATHSIG
   /// alone reaches only the workers themselves, not what they started.

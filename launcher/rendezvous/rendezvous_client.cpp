@@ -1,9 +1,6 @@
 #include "launcher/rendezvous/rendezvous_client.hpp"
 
-#include <boost/asio/connect.hpp>
 #include <boost/asio/post.hpp>
-#include <boost/asio/local/stream_protocol.hpp>
-#include <boost/asio/write.hpp>
 #include <unistd.h>
 
 #include <cstdio>
@@ -20,18 +17,43 @@
 namespace mcprun {
 
 namespace asio = boost::asio;
-using tcp = asio::ip::tcp;
 
+/// One connection to the rendezvous; it hands the client each message and its end, until the
+/// client lets it go.
+class RendezvousClient::Connection : public FramedSession {
+ public:
+  Connection(Socket socket, std::string peer, RendezvousClient& client)
+      : FramedSession(std::move(socket), std::move(peer), kUnmeteredLimits), client_(&client) {}
+  /// The client is gone, or has moved on: nothing more reaches it from here.
+  void detach() { client_ = nullptr; }
+
+ private:
+  void on_frame(const nlohmann::json& message) override {
+    if (!client_ || !client_->on_message_) return;
+    // Nothing the daemon sends may end this node's job from inside a handler.
+    try {
+      client_->on_message_(message);
+    } catch (const std::exception& bad) {
+      client_->ignore_malformed("message (" + std::string(bad.what()) + ")");
+    }
+  }
+  void on_closed() override {
+    if (client_) client_->connection_lost();
+  }
+  RendezvousClient* client_;
+};
 
 RendezvousClient::RendezvousClient(asio::io_context& io, std::string endpoint)
-    : io_(io), endpoint_(std::move(endpoint)), socket_(io), heartbeat_timer_(io), reconnect_timer_(io) {}
+    : io_(io), endpoint_(std::move(endpoint)), heartbeat_timer_(io), reconnect_timer_(io) {}
 
 RendezvousClient::~RendezvousClient() {
   *alive_ = false;
-  boost::system::error_code ignored;
   heartbeat_timer_.cancel();
   reconnect_timer_.cancel();
-  socket_.close(ignored);
+  if (connection_) {
+    connection_->detach();
+    connection_->close();
+  }
 }
 
 std::string RendezvousClient::local_address() const { return local_address_; }
@@ -39,34 +61,14 @@ std::string RendezvousClient::local_address() const { return local_address_; }
 Expected<void> RendezvousClient::connect() {
   auto endpoint = parse_endpoint(endpoint_, kConnectRules);
   if (!endpoint) return Error{"--rdzv-endpoint " + endpoint.error().message};
-  boost::system::error_code ec;
-  if (endpoint->is_unix()) {
-    asio::local::stream_protocol::socket local(io_);
-    local.connect(asio::local::stream_protocol::endpoint(endpoint->unix_path), ec);
-    if (ec) return Error{"cannot reach rendezvous at " + endpoint_ + ": " + ec.message()};
-    socket_ = asio::generic::stream_protocol::socket(std::move(local));
-    local_address_ = "127.0.0.1";  // The daemon's host is this host.
-    return {};
-  }
-  tcp::resolver resolver(io_);
-  auto addresses = resolver.resolve(endpoint->host, std::to_string(endpoint->port), ec);
-  if (ec) return Error{"cannot resolve rendezvous endpoint " + endpoint_ + ": " + ec.message()};
-
-  tcp::socket socket(io_);
-  std::optional<boost::system::error_code> connected;
-  asio::async_connect(socket, addresses,
-                      [&](boost::system::error_code result, const tcp::endpoint&) { connected = result; });
-  if (!run_until(io_, [&] { return connected.has_value(); }, kRendezvousConnectTimeout)) {
-    socket.close(ec);
-    run_until(io_, [&] { return connected.has_value(); }, kCancelledConnectTimeout);
-    return Error{"rendezvous endpoint " + endpoint_ + " did not answer within " +
-                 std::to_string(kRendezvousConnectTimeout.count()) + " s"};
-  }
-  if (*connected)
-    return Error{"cannot reach rendezvous at " + endpoint_ + ": " + connected->message() +
+  auto dialled = connect_within(io_, *endpoint, kConnectTimeout);
+  if (!dialled)
+    return Error{"cannot reach rendezvous at " + endpoint_ + ": " + dialled.error().message +
                  " (is rendezvousd running there?)"};
-  local_address_ = socket.local_endpoint(ec).address().to_string();
-  socket_ = asio::generic::stream_protocol::socket(std::move(socket));
+  local_address_ = dialled->local_address;
+  if (connection_) connection_->detach();
+  connection_ = std::make_shared<Connection>(std::move(dialled->socket), "the rendezvous at " + endpoint_, *this);
+  connection_->start(std::chrono::milliseconds::zero());  // The join and lease waits bound it.
   return {};
 }
 
@@ -105,7 +107,6 @@ Expected<Assignment> RendezvousClient::join(nlohmann::json join, std::chrono::mi
     }
   };
   send(join);
-  read();
   const bool answered = run_until(io_, [&] { return reply.has_value() || closed_; }, limit);
   on_message_ = nullptr;  // It refers to this frame's locals.
   if (progress_shown) std::fputc('\n', stderr);
@@ -144,7 +145,6 @@ Expected<GrantedLease> RendezvousClient::lease(nlohmann::json request,
                  queued->message);
   };
   send(request);
-  read();
   const bool answered = run_until(io_, [&] { return reply.has_value() || closed_; }, limit);
   on_message_ = nullptr;  // It refers to this frame's locals.
   if (!answered)
@@ -233,64 +233,33 @@ void RendezvousClient::report_done() {
 
 void RendezvousClient::send(const nlohmann::json& message) {
   if (closed_) return;
-  const bool idle = writes_.empty();
-  writes_.push_back(encode_frame(message));  // Held while reconnecting, sent after the rejoin.
-  if (idle && !reconnecting_) write_next();
+  std::string frame = encode_frame(message);
+  if (reconnecting_ || !connection_) return hold(std::move(frame));  // Sent after the rejoin.
+  connection_->send_frame(std::move(frame));
 }
 
-void RendezvousClient::write_next() {
-  asio::async_write(socket_, asio::buffer(writes_.front()),
-                    [this, alive = alive_](boost::system::error_code ec, size_t) {
-                      if (!*alive || reconnecting_) return;
-                      if (ec) return connection_lost();
-                      writes_.pop_front();
-                      if (!writes_.empty()) write_next();
-                    });
+void RendezvousClient::hold(std::string frame) {
+  const size_t limit = kUnmeteredLimits.max_queued_bytes;
+  if (held_bytes_ + frame.size() > limit) {
+    spdlog::error("the rendezvous at {} is unreachable and {} bytes wait for it; dropping a message",
+                  endpoint_, held_bytes_);
+    return;
+  }
+  held_bytes_ += frame.size();
+  held_.push_back(std::move(frame));
 }
 
 void RendezvousClient::flush(std::chrono::milliseconds limit) {
-  run_until(io_, [this] { return (writes_.empty() && !reconnecting_) || closed_; }, limit);
-}
-
-void RendezvousClient::read() {
-  socket_.async_read_some(asio::buffer(chunk_), [this, alive = alive_](boost::system::error_code ec,
-                                                                      size_t n) {
-    if (!*alive || reconnecting_) return;
-    if (ec) {
-      if (ec != asio::error::operation_aborted) connection_lost();
-      return;
-    }
-    buffer_.append(chunk_.data(), n);
-    for (;;) {
-      FrameResult result = decode_frame(buffer_);
-      if (auto* frame = std::get_if<Frame>(&result)) {
-        buffer_.erase(0, frame->consumed);
-        // Nothing the daemon sends may end this node's job from inside a handler.
-        try {
-          if (on_message_) on_message_(frame->message);
-        } catch (const std::exception& bad) {
-          ignore_malformed("message (" + std::string(bad.what()) + ")");
-        }
-        continue;
-      }
-      if (auto* error = std::get_if<FrameError>(&result)) {
-        spdlog::error("rendezvous sent a bad frame: {}", error->message);
-        closed_ = true;
-        return;
-      }
-      break;
-    }
-    read();
-  });
+  run_until(io_, [this] { return closed_ || (!reconnecting_ && connection_ && !connection_->writing()); },
+            limit);
 }
 
 void RendezvousClient::connection_lost() {
   if (reconnecting_ || closed_) return;
-  boost::system::error_code ignored;
-  socket_.close(ignored);
+  // A frame cut mid-write would corrupt the new stream; whole frames queued behind it are kept.
+  std::deque<std::string> unwritten = connection_->take_unwritten();
   if (!assignment_ && lease_.is_null()) {
     closed_ = true;
-    writes_.clear();
     if (on_message_) on_message_({{"type", "lost"}, {"node", "the rendezvous at " + endpoint_}});
     return;
   }
@@ -299,9 +268,7 @@ void RendezvousClient::connection_lost() {
   reconnecting_ = true;
   heartbeating_ = false;
   heartbeat_timer_.cancel();
-  buffer_.clear();
-  // A frame cut mid-write would corrupt the new stream; whole frames queued later are kept.
-  if (!writes_.empty()) writes_.pop_front();
+  for (std::string& frame : unwritten) hold(std::move(frame));
   reconnect_deadline_ = Clock::now() + kReconnectTimeout;
   try_reconnect(kReconnectBackoffStart);
 }
@@ -315,7 +282,8 @@ void RendezvousClient::try_reconnect(std::chrono::milliseconds backoff) {
       spdlog::error("the rendezvous at {} stayed unreachable for {} s", endpoint_, kReconnectTimeout.count());
       reconnecting_ = false;
       closed_ = true;
-      writes_.clear();
+      held_.clear();
+      held_bytes_ = 0;
       if (on_message_) on_message_({{"type", "lost"}, {"node", "the rendezvous at " + endpoint_}});
       return;
     }
@@ -335,9 +303,9 @@ void RendezvousClient::try_reconnect(std::chrono::milliseconds backoff) {
       spdlog::info("reconnected to rendezvousd at {}; re-registering this job's GPU lease", endpoint_);
     }
     reconnecting_ = false;
-    writes_.push_front(encode_frame(rejoin));
-    write_next();
-    read();
+    connection_->send(rejoin);
+    for (std::string& frame : std::exchange(held_, {})) connection_->send_frame(std::move(frame));
+    held_bytes_ = 0;
     heartbeat();
   });
 }

@@ -3,8 +3,6 @@
 #pragma once
 
 #include <boost/asio/io_context.hpp>
-#include <boost/asio/generic/stream_protocol.hpp>
-#include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <nlohmann/json.hpp>
 
@@ -17,13 +15,12 @@
 #include <vector>
 
 #include "common/expected.hpp"
+#include "common/framed_session.hpp"
 #include "launcher/plan/rank_plan.hpp"
 #include "rendezvousd/rendezvous_round.hpp"
 
 namespace mcprun {
 
-/// How long connecting to the rendezvous may take before the launch fails.
-inline constexpr std::chrono::seconds kRendezvousConnectTimeout{10};
 /// Heartbeat period until the daemon names its own (a third of its lease) in "joined".
 inline constexpr std::chrono::milliseconds kDefaultHeartbeatInterval{3000};
 /// How long a running job's agent keeps trying to reach a restarted rendezvousd before it gives
@@ -32,8 +29,6 @@ inline constexpr std::chrono::seconds kReconnectTimeout{60};
 /// Reconnect attempts start this far apart and double up to kReconnectBackoffMax.
 inline constexpr std::chrono::milliseconds kReconnectBackoffStart{100};
 inline constexpr std::chrono::milliseconds kReconnectBackoffMax{1000};
-/// How long a connect given up on may take to report its cancellation before it is left behind.
-inline constexpr std::chrono::seconds kCancelledConnectTimeout{1};
 /// How long a failure or "done" report may take to leave: long enough for a live daemon, short
 /// enough that a dead one does not hold up this node's exit.
 inline constexpr std::chrono::seconds kReportFlushTimeout{2};
@@ -64,7 +59,8 @@ struct PeerEvents {
 };
 
 /// One connection to rendezvousd (or the embedded server): "HOST:PORT", or "unix:PATH" for an
-/// agent on the daemon's own host.
+/// agent on the daemon's own host. Each connection is a FramedSession with kUnmeteredLimits: the
+/// protocol's frame cap and the write-queue cap every connection has.
 class RendezvousClient {
  public:
   RendezvousClient(boost::asio::io_context& io, std::string endpoint);
@@ -89,14 +85,16 @@ class RendezvousClient {
   std::string local_address() const;
 
  private:
-  /// Connects over TCP or the unix socket; an error line on failure.
+  class Connection;
+
+  /// Connects over TCP or the unix socket within kConnectTimeout; an error line on failure.
   Expected<void> connect();
   /// The connection broke: before the assignment that is the end; after it, reconnect and
   /// re-register this node's live assignment, so a daemon restart costs the job nothing.
   void connection_lost();
   void try_reconnect(std::chrono::milliseconds backoff);
-  void write_next();
-  void read();
+  /// Keeps a frame while reconnecting, within the same cap as a connection's write queue.
+  void hold(std::string frame);
   /// Starts the heartbeat loop once.
   void heartbeat();
   void beat();
@@ -109,12 +107,11 @@ class RendezvousClient {
 
   boost::asio::io_context& io_;
   std::string endpoint_;
-  boost::asio::generic::stream_protocol::socket socket_;  ///< TCP, or a unix socket ("unix:PATH").
+  std::shared_ptr<Connection> connection_;  ///< TCP, or a unix socket ("unix:PATH").
   std::string local_address_;
   boost::asio::steady_timer heartbeat_timer_;
-  std::string buffer_;
-  std::array<char, 4096> chunk_;
-  std::deque<std::string> writes_;
+  std::deque<std::string> held_;  ///< Frames sent while reconnecting, for the next connection.
+  size_t held_bytes_ = 0;
   nlohmann::json join_;                   ///< As sent; a rejoin repeats it with the assignment.
   std::optional<Assignment> assignment_;  ///< Set once the round completed.
   nlohmann::json lease_;                  ///< A granted lease, re-registered after a reconnect.

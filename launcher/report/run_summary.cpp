@@ -186,7 +186,10 @@ RunSummary::~RunSummary() {
   sinks.erase(std::remove(sinks.begin(), sinks.end(), last_error_), sinks.end());
 }
 
-void RunSummary::begin_attempt() { attempt_started_ = std::chrono::system_clock::now(); }
+void RunSummary::begin_attempt() {
+  attempt_started_ = std::chrono::system_clock::now();
+  hint_.clear();
+}
 
 void RunSummary::end_attempt(const AttemptResult& result, const AttemptFiles& files,
                              int world_size) {
@@ -302,6 +305,8 @@ nlohmann::ordered_json RunSummary::format_json(int exit_code) const {
     if (const RankProgress* progress = stall_progress(worker.rank);
         progress && !progress->stack_file.empty())
       entry["stack_dump"] = progress->stack_file;
+    if (const RankProgress* progress = stall_progress(worker.rank); progress && !progress->hint.empty())
+      entry["hint"] = progress->hint;
     ranks.push_back(std::move(entry));
   }
   const double total =
@@ -311,6 +316,10 @@ nlohmann::ordered_json RunSummary::format_json(int exit_code) const {
       {"exit_code", exit_code},
       {"root_cause", ending.root_cause.empty() ? nlohmann::ordered_json(nullptr)
                                                : nlohmann::ordered_json(ending.root_cause)},
+      // What the failure's error means for this job, when a known signature matched.
+      {"hint", !hint_.empty() && (ending.result == "failed" || ending.result == "stalled")
+                   ? nlohmann::ordered_json(hint_)
+                   : nlohmann::ordered_json(nullptr)},
       {"world_size", last_ ? nlohmann::ordered_json(world_size_) : nlohmann::ordered_json(nullptr)},
       {"restarts", std::max(0, attempts_ - 1)},
       {"total_time_s", round_ms(total)},

@@ -40,6 +40,9 @@ class RunSummary {
   /// reports straight into it; it marks the ranks the others waited for, as the report's `*`.
   std::vector<RankProgress> stall_ranks;
 
+  /// What the last attempt's failure means for this job (diagnose/failure_hints): its `hint`.
+  void set_hint(std::string hint) { hint_ = std::move(hint); }
+
   /// The --summary-json document, for mcprun's exit code.
   nlohmann::ordered_json format_json(int exit_code) const;
   /// The --junit document, for mcprun's exit code.
@@ -83,6 +86,7 @@ class RunSummary {
   int world_size_ = 0;
   std::optional<AttemptResult> last_;  ///< The last attempt's ending; its workers are in ranks_.
   std::vector<Rank> ranks_;
+  std::string hint_;  ///< The last attempt's, when it failed or stalled; empty: none.
   std::shared_ptr<LastErrorSink> last_error_;  ///< Explains an ending that no attempt does.
 };
 

@@ -12,15 +12,13 @@ namespace mcprun {
 namespace asio = boost::asio;
 using local = asio::local::stream_protocol;
 
-/// A worker may call mcprun.heartbeat() once per step, however short its steps: the job's own
-/// processes get no message-rate cap, only the cap on answers they leave unread.
-constexpr SessionLimits kWorkerLimits{.messages_per_second = 1e12, .message_burst = 1e12};
-
-/// One worker process's connection.
+/// One worker process's connection. A worker may call mcprun.heartbeat() once per step, however
+/// short its steps: the job's own processes get no message-rate cap, only the caps on frames and
+/// on answers they leave unread.
 class ChannelSession : public FramedSession {
  public:
   ChannelSession(local::socket socket, AgentChannel& channel)
-      : FramedSession(Socket(std::move(socket)), "a worker's helper connection", kWorkerLimits),
+      : FramedSession(Socket(std::move(socket)), "a worker's helper connection", kUnmeteredLimits),
         channel_(channel) {}
 
   /// Replies to a pending barrier(name) call, if this worker is waiting at it.

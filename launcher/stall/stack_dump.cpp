@@ -8,7 +8,6 @@ extern "C" {  // glibc 2.36 declares these without C linkage.
 #include <unistd.h>
 
 #include <boost/asio/post.hpp>
-#include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/steady_timer.hpp>
 
 #include <algorithm>
@@ -78,11 +77,11 @@ struct StackDumper::Dump : std::enable_shared_from_this<Dump> {
 
   Dump(boost::asio::io_context& io, ProcessControl& control, StackDumpRequest request,
        std::shared_ptr<Batch> batch, std::chrono::milliseconds timeout)
-      : control(control),
+      : io(io),
+        control(control),
         request(std::move(request)),
         batch(std::move(batch)),
         timeout(timeout),
-        exited(io),
         deadline(io) {}
 
   void start(const StackDumpTool& tool);
@@ -96,6 +95,7 @@ struct StackDumper::Dump : std::enable_shared_from_this<Dump> {
   }
   void note(const std::string& line) { ::dprintf(output.get(), "%s\n", line.c_str()); }
 
+  boost::asio::io_context& io;
   ProcessControl& control;
   StackDumpRequest request;
   std::shared_ptr<Batch> batch;
@@ -104,7 +104,9 @@ struct StackDumper::Dump : std::enable_shared_from_this<Dump> {
   UniqueFd output;
   UniqueFd target;  ///< pidfd of the dumped process: SIGCONT reaches it even if its pid is reused.
   pid_t dumper = 0;
-  boost::asio::posix::stream_descriptor exited;  ///< The dumper's pidfd: readable once it exits.
+  std::optional<ChildProcess> child;  ///< The dumper, awaited through its pidfd until it ends.
+  std::optional<ProcessExit> exit;    ///< How it ended, once its wait reaped it.
+  bool reaped = false;                ///< Its wait ended: nothing left to collect or kill.
   boost::asio::steady_timer deadline;
   std::string killed_because;  ///< Empty unless mcprun SIGKILLed the dumper.
   bool finished = false;
@@ -139,17 +141,19 @@ void StackDumper::Dump::start(const StackDumpTool& tool) {
     return finish_later();
   }
   dumper = *pid;
-  auto pidfd = open_pidfd(dumper);
-  if (!pidfd) {  // Without it we cannot learn of the exit: do not leave the dumper unbounded.
-    killed_because = "could not be watched (" + pidfd.error().message + ")";
+  auto watched = watch_child(io, dumper);
+  if (!watched) {  // Without it we cannot learn of the exit: do not leave the dumper unbounded.
+    killed_because = "could not be watched (" + watched.error().message + ")";
     control.signal_group(dumper, SIGKILL);
     return finish_later();
   }
-  exited.assign(pidfd->release());
-  exited.async_wait(boost::asio::posix::descriptor_base::wait_read,
-                    [self = shared_from_this()](boost::system::error_code ec) {
-                      if (ec != boost::asio::error::operation_aborted) self->finish();
-                    });
+  child.emplace(std::move(*watched));
+  child->async_wait([self = shared_from_this()](boost::system::error_code ec, int) {
+    if (ec == boost::asio::error::operation_aborted) return;
+    self->exit = exit_of(self->control, *self->child, ec);
+    self->reaped = true;
+    self->finish();
+  });
   deadline.expires_after(timeout);
   deadline.async_wait([self = shared_from_this()](boost::system::error_code ec) {
     if (!ec) self->on_deadline();
@@ -176,9 +180,9 @@ void StackDumper::Dump::on_deadline() {
 void StackDumper::Dump::abandon() {
   if (finished) return;
   batch.reset();
-  if (exited.is_open()) {
+  if (child && !reaped) {
     if (killed_because.empty()) killed_because = "was still running when mcprun stopped dumping";
-    kill_and_wait(control, dumper, exited.native_handle());
+    kill_and_wait(control, dumper);
   }
   finish();
 }
@@ -187,11 +191,10 @@ void StackDumper::Dump::finish() {
   if (finished) return;
   finished = true;
   deadline.cancel();
-  boost::system::error_code ignored;
-  exited.close(ignored);
+  // Not awaited any longer; v2 would SIGKILL a running child and wait for it unbounded.
+  if (child) child->detach();
   // nullopt when the launcher's reap() collected it first; its output is in the file either way.
-  std::optional<ProcessExit> exit;
-  if (dumper > 0) exit = control.reap_one(dumper);
+  if (dumper > 0 && !reaped) exit = control.reap_one(dumper);
   if (!killed_because.empty())
     note("# mcprun: " + tool_name + " " + killed_because + "; killed it");
   else if (exit && !exit->succeeded())

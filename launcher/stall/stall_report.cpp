@@ -73,13 +73,14 @@ nlohmann::json to_json(const RankProgress& progress) {
           {"host", progress.host},           {"pid", progress.pid},
           {"level", progress.level},         {"state", progress.state},
           {"last_line", progress.last_line}, {"last_line_age_s", progress.last_line_age_s},
-          {"stack_file", progress.stack_file}};
+          {"stack_file", progress.stack_file}, {"hint", progress.hint}};
 }
 
 RankProgress rank_progress_from_json(const nlohmann::json& json) {
   return {json.at("rank"),      json.at("local_rank"), json.at("host"),
           json.at("pid"),       json.at("level"),      json.at("state"),
-          json.at("last_line"), json.at("last_line_age_s"), json.at("stack_file")};
+          json.at("last_line"), json.at("last_line_age_s"), json.at("stack_file"),
+          json.value("hint", std::string())};
 }
 
 int furthest_level(const std::vector<RankProgress>& ranks) {
@@ -120,6 +121,7 @@ std::string format_stall_report(const StallNotice& notice, std::vector<RankProgr
       out << row << fmt::format("{:<{}} {}\n", rank.state, kStateColumn, last);
     else  // A collective stall's state names frames: the last output goes on a line of its own.
       out << row << rank.state << "\n" << std::string(row.size(), ' ') << "last output " << last << "\n";
+    if (!rank.hint.empty()) out << std::string(8, ' ') << "hint: " << rank.hint << "\n";
   }
   bool any_dump = false;
   for (const RankProgress& rank : ranks) any_dump |= !rank.stack_file.empty();

@@ -41,6 +41,7 @@ struct RankProgress {
   std::string last_line;      ///< Empty: no output yet.
   double last_line_age_s = -1;
   std::string stack_file;     ///< Empty: no dump.
+  std::string hint;           ///< What its last output means (diagnose/failure_hints); empty: nothing known.
 };
 
 nlohmann::json to_json(const RankProgress& progress);

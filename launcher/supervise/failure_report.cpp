@@ -41,13 +41,23 @@ std::optional<RecordedError> read_error_file(const std::filesystem::path& path) 
   return error;
 }
 
+std::vector<std::string> failure_text(const WorkerOutcome& worker) {
+  std::vector<std::string> lines(worker.tail.begin(), worker.tail.end());
+  if (auto recorded = read_error_file(worker.error_file)) {
+    std::istringstream message(recorded->message);
+    for (std::string line; std::getline(message, line);) lines.push_back(line);
+  }
+  return lines;
+}
+
 int exit_code_for(const WorkerOutcome& worker) {
   return worker.signal != 0 ? exit_code_for_signal(worker.signal) : worker.exit_code;
 }
 
 std::string format_failure_report(const std::vector<WorkerOutcome>& workers, size_t first_failure,
                                   const std::string& host, int restart_count, int max_restarts,
-                                  const std::map<int, std::string>& collectives) {
+                                  const std::map<int, std::string>& collectives,
+                                  const std::string& hint) {
   const WorkerOutcome& root = workers.at(first_failure);
   const std::string rule(72, '=');
   std::ostringstream out;
@@ -59,6 +69,7 @@ std::string format_failure_report(const std::vector<WorkerOutcome>& workers, siz
       << "  pid:        " << root.pid << "\n"
       << "  exit:       " << describe_exit(root.exit_code, root.signal) << "\n"
       << "  time:       " << utc_timestamp(root.exit_time) << "\n";
+  if (!hint.empty()) out << "  hint:       " << hint << "\n";
   if (auto recorded = read_error_file(root.error_file)) {
     out << "  error file: " << root.error_file.string() << "\n"
         << "  message:    " << recorded->message << "\n";

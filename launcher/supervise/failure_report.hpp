@@ -36,10 +36,15 @@ struct RecordedError {
 std::optional<RecordedError> read_error_file(const std::filesystem::path& path);
 
 /// The report for one failed attempt. `first_failure` indexes `workers`; `collectives` is where
-/// each rank of the job was by the collective watchdog's last records (empty: nothing to say).
+/// each rank of the job was by the collective watchdog's last records (empty: nothing to say);
+/// `hint` says what the root cause's error means for this job (empty: nothing recognised).
 std::string format_failure_report(const std::vector<WorkerOutcome>& workers, size_t first_failure,
                                   const std::string& host, int restart_count, int max_restarts,
-                                  const std::map<int, std::string>& collectives = {});
+                                  const std::map<int, std::string>& collectives = {},
+                                  const std::string& hint = "");
+
+/// The lines a failure's hint is read from: the rank's last output, then what @record wrote.
+std::vector<std::string> failure_text(const WorkerOutcome& worker);
 
 /// mcprun's exit code for a worker's end: its own code, or 128 + signal.
 int exit_code_for(const WorkerOutcome& worker);

@@ -20,6 +20,8 @@ __all__ = ["heartbeat", "barrier", "BarrierError"]
 
 _PROTOCOL_VERSION = 1
 _MAX_FRAME_BYTES = 64 * 1024
+# Bounds the connect to the agent's socket: an agent that never accepts costs this, not a hang.
+_CONNECT_TIMEOUT_S = 10.0
 _lock = threading.Lock()
 _channel = None  # (pid, socket): a forked child must not share its parent's connection.
 
@@ -36,7 +38,9 @@ def _connect():
     if _channel is not None and _channel[0] == os.getpid():
         return _channel[1]
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(_CONNECT_TIMEOUT_S)
     sock.connect(path)
+    sock.settimeout(None)  # A barrier waits as long as the agent lets it.
     _channel = (os.getpid(), sock)
     _send(sock, {"type": "hello", "rank": int(os.environ.get("RANK", "0")), "pid": os.getpid()})
     return sock

@@ -2,9 +2,12 @@
 
 bus/pci/devices/<bdf> is a relative symlink into devices/pci<domain>:00/[<switch>/]<bdf>,
 exactly as on a real machine, so discovery reads the PCIe tree the same way. make_cpu_tree adds
-devices/system/{cpu/cpuN,node/nodeN} for --numa-binding. Same layout as tests/fake_sysfs.hpp.
+devices/system/{cpu/cpuN,node/nodeN} for --numa-binding, make_driver_tree the driver's /proc
+files that hold each GPU's UUID. Same layout as tests/fake_sysfs.hpp. build_fake_nvml compiles a
+stand-in libnvidia-ml.so.1 that records whether anything loaded it.
 """
 import os
+import subprocess
 
 _DEFAULTS = {
     "vendor": "0x10de",
@@ -104,3 +107,69 @@ def make_cpu_tree(root, sockets=2, nodes_per_socket=2, cores_per_node=4, threads
                     _write(os.path.join(cache, "shared_cpu_list"), shared)
     _write(os.path.join(system, "node", "possible"), _cpulist(sorted(nodes)))
     return nodes
+
+
+def make_driver_tree(root, uuids):
+    """Plants the driver's proc/driver/nvidia/gpus/<bus id>/information under `root` for each
+    {bus_id: uuid}, in driver 580's layout, and returns the proc root for MCPRUN_PROC_ROOT."""
+    proc = os.path.join(root, "proc")
+    for minor, (bus_id, uuid) in enumerate(sorted(uuids.items())):
+        _write(os.path.join(proc, "driver", "nvidia", "gpus", bus_id, "information"),
+               f"Model: \t\t NVIDIA H200\nIRQ:   \t\t 0\nGPU UUID: \t {uuid}\n"
+               f"Video BIOS: \t 96.00.af.00.01\nBus Type: \t PCIe\nDMA Size: \t 52 bits\n"
+               f"DMA Mask: \t 0xfffffffffffff\nBus Location: \t {bus_id}\n"
+               f"Device Minor: \t {minor}\nGPU Excluded:\t No")
+    return proc
+
+
+# A stand-in libnvidia-ml.so.1 with the entry points mcprun calls, in nvml.h's ABI: it records
+# every nvmlInit_v2 in $FAKE_NVML_LOG, and lists the processes $FAKE_NVML_PROCESSES names
+# ("PID:BYTES,...") on one GPU at $FAKE_NVML_BUS_ID.
+FAKE_NVML = r'''
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+typedef struct { char legacy[16]; unsigned domain, bus, device, pciDeviceId, pciSubSystemId;
+                 char busId[32]; } Pci;
+typedef struct { unsigned pid; unsigned long long used; unsigned gi, ci; } Process;
+int nvmlInit_v2(void) {
+  FILE* log = fopen(getenv("FAKE_NVML_LOG"), "a");
+  if (log) { fputs("nvmlInit_v2\n", log); fclose(log); }
+  return 0;
+}
+int nvmlShutdown(void) { return 0; }
+int nvmlDeviceGetCount_v2(unsigned* count) { *count = 1; return 0; }
+int nvmlDeviceGetHandleByIndex_v2(unsigned index, void** device) { *device = (void*)1; return index; }
+int nvmlDeviceGetPciInfo_v3(void* device, Pci* pci) {
+  memset(pci, 0, sizeof *pci);
+  snprintf(pci->busId, sizeof pci->busId, "%s", getenv("FAKE_NVML_BUS_ID"));
+  return device ? 0 : 1;
+}
+int nvmlDeviceGetUUID(void* device, char* uuid, unsigned size) {
+  snprintf(uuid, size, "GPU-f00df00d-0000-4000-8000-000000000000");
+  return device ? 0 : 1;
+}
+int nvmlDeviceGetComputeRunningProcesses_v3(void* device, unsigned* count, Process* out) {
+  unsigned n = 0;
+  char* list = strdup(getenv("FAKE_NVML_PROCESSES"));
+  for (char* item = strtok(list, ","); item && n < *count; item = strtok(NULL, ",")) {
+    out[n].pid = (unsigned)strtoul(item, &item, 10);
+    out[n].used = strtoull(item + 1, NULL, 10);
+    out[n].gi = out[n].ci = 0;
+    ++n;
+  }
+  free(list);
+  *count = n;
+  return device ? 0 : 1;
+}
+'''
+
+
+def build_fake_nvml(folder):
+    """Compiles FAKE_NVML into folder/libnvidia-ml.so.1; returns the folder for LD_LIBRARY_PATH."""
+    source = os.path.join(folder, "fake_nvml.c")
+    with open(source, "w") as out:
+        out.write(FAKE_NVML)
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", os.path.join(folder, "libnvidia-ml.so.1"), source],
+                   check=True)
+    return folder

@@ -1,18 +1,22 @@
-"""Nothing a peer sends can crash rendezvousd or mcprun.
+"""Nothing a peer sends can crash rendezvousd or mcprun, and no peer can make them wait forever.
 
 For every message type, every field and every wrong JSON type (and the field missing, a huge
 string, deep nesting), the framed message goes to rendezvousd over TCP and over its unix socket,
 before and after a join. The daemon keeps its pid and keeps answering, and a normal 2-node job
-succeeds afterwards. The same against mcprun's agent socket from a worker: the job exits 0."""
+succeeds afterwards. The same against mcprun's agent socket from a worker: the job exits 0. The
+daemon's configured caps cut the peer past them and no other. mcprun's connects to a listener that
+never accepts, and its requests to a daemon that never answers, end at their named deadlines."""
 import json
 import os
+import signal
 import socket
 import struct
 import subprocess
 import tempfile
+import time
 
 import test_rendezvous
-from harness import PYTHON, LauncherTestCase
+from harness import PYTHON, LauncherTestCase, wait_for
 
 TOKEN = "hostile-peers-token"
 
@@ -111,7 +115,12 @@ class Peer:
         self.sock.close()
 
 
-class HostilePeers(test_rendezvous.RendezvousTestCase):
+class PeerTestCase(test_rendezvous.RendezvousTestCase):
+    """A rendezvousd on TCP and a unix socket, with a token, and raw peers to talk to it."""
+
+    def daemon_flags(self):
+        return []
+
     def setUp(self):
         super().setUp()
         self.daemon.kill()
@@ -119,7 +128,8 @@ class HostilePeers(test_rendezvous.RendezvousTestCase):
         self.socket_dir = tempfile.mkdtemp(prefix="mcprun-sock-")
         self.socket = os.path.join(self.socket_dir, "rendezvousd.sock")
         self.token_file = self.script("token", TOKEN + "\n")
-        self.start_daemon("127.0.0.1:0", "--unix-socket", self.socket, "--token-file", self.token_file)
+        self.start_daemon("127.0.0.1:0", "--unix-socket", self.socket, "--token-file", self.token_file,
+                          *self.daemon_flags())
         self.env["MCPRUN_RDZV_TOKEN_FILE"] = self.token_file
         self.jobs = 0
 
@@ -154,6 +164,8 @@ class HostilePeers(test_rendezvous.RendezvousTestCase):
         peer.close()
         self.assertEqual((reply or {}).get("type"), "clock", f"rendezvousd stopped answering after {what}")
 
+
+class HostilePeers(PeerTestCase):
     def test_every_wrong_field_costs_only_its_connection(self):
         pid = self.daemon.pid
         tried = 0
@@ -258,3 +270,133 @@ class HostileWorker(LauncherTestCase):
         self.assertNotIn("fatal", err)
         self.assertIn("sent a malformed message", err)
         self.assertIn("rank 0 sent", out)
+
+
+class ConfiguredCaps(PeerTestCase):
+    """rendezvousd started with small caps in its YAML: the peer past a cap is cut, with the
+    configured figure in the log line; a job running meanwhile is served as usual."""
+
+    def daemon_flags(self):
+        config = self.script("rendezvousd.yaml", "messages_per_second: 400\nmessage_burst: 500\n"
+                                                 "max_queued_bytes: 65540\n")
+        return ["--config", config]
+
+    def test_a_peer_past_a_configured_cap_is_cut_and_no_other(self):
+        wait = 'while [ ! -e "$MCPRUN_TEST_DIR/go" ]; do sleep 0.05; done'
+        agents = [self.agent(f"n{i}", job="capped", nnodes="2", nproc="1",
+                             extra_env={"BEHAVIOUR_0": wait, "BEHAVIOUR_1": wait}) for i in range(2)]
+        self.assertTrue(wait_for(lambda: "job capped: round complete" in self.read_log(), 30), self.read_log())
+
+        flood = self.joined_peer("tcp")
+        flood.send(frame({"type": "heartbeat"}) * 2000)  # Past a burst of 500 at 400 a second.
+        while flood.receive() is not None:
+            pass
+        self.assertIn("more than 400 messages a second; closing", self.read_log())
+
+        # Asks for clocks and never reads: the answers fill the socket, then the 65540-byte queue.
+        # Within the rate, and heartbeating within the lease, so only the queue cap can cut it.
+        silent = self.joined_peer("unix")
+        silent.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        for _ in range(60):
+            silent.send(frame({"type": "heartbeat"}) + frame({"type": "clock"}) * 150)
+            if wait_for(lambda: "the peer reads none of them; closing" in self.read_log(), 0.5):
+                break
+        self.assertIn(f"unix uid {os.geteuid()}: 65", self.read_log())  # Past 65540 - one answer.
+        self.assertIn("bytes wait to be written and the peer reads none of them; closing", self.read_log())
+        while silent.receive() is not None:  # What was written before the cut, then the end.
+            pass
+
+        open(os.path.join(self.tmp, "go"), "w").close()
+        for code, _, err in self.finish(agents):
+            self.assertEqual(code, 0, err)
+        self.assertNotIn("job capped: node", self.read_log())  # No node of the job was lost.
+        self.assert_daemon_answers("the caps")
+        silent.close()
+        flood.close()
+
+
+class BadCapsConfig(LauncherTestCase):
+    def test_a_bad_cap_is_one_line_and_exit_2(self):
+        for text, expected in [("messages_per_second: 0\n", "'messages_per_second' must be messages a second > 0"),
+                               ("message_burst: lots\n", "'message_burst' must be a message count >= 1"),
+                               ("max_queued_bytes: 1024\n", "'max_queued_bytes' must be a byte count >= 65540")]:
+            config = self.script("bad.yaml", text)
+            proc = subprocess.run([test_rendezvous.RENDEZVOUSD, "--config", config, "--listen", "127.0.0.1:0"],
+                                  capture_output=True, text=True, timeout=30)
+            self.assertEqual(proc.returncode, 2, proc.stderr)
+            lines = (proc.stdout + proc.stderr).strip().splitlines()
+            self.assertEqual(len(lines), 1, lines)
+            self.assertIn(f"{config}:1: {expected}", lines[0])
+
+
+# mcprun's connect deadline (kConnectTimeout) and the operator's answer deadline
+# (kOperatorRequestTimeout), both 10 s; a loaded box may add a little to either.
+CONNECT_TIMEOUT_S = 10
+ANSWER_TIMEOUT_S = 10
+SLACK_S = 5
+
+
+class NeverAnswers(test_rendezvous.RendezvousTestCase):
+    """Listeners that accept nothing (their backlog full) and a stopped daemon: every mcprun that
+    reaches for them gives up at its deadline with one line and exit 75, none hangs."""
+
+    def full_listener(self, family, address):
+        """A listener with backlog 0, filled by one connection it never accepts: the kernel then
+        drops further SYNs (TCP) or refuses with EAGAIN (unix), and no accept frees a slot."""
+        listener = socket.socket(family, socket.SOCK_STREAM)
+        self.addCleanup(listener.close)
+        listener.bind(address)
+        listener.listen(0)
+        filler = socket.socket(family, socket.SOCK_STREAM)
+        self.addCleanup(filler.close)
+        filler.settimeout(5)
+        filler.connect(listener.getsockname())
+        probe = socket.socket(family, socket.SOCK_STREAM)
+        probe.settimeout(0.5)
+        try:
+            probe.connect(listener.getsockname())
+            self.fail("a backlog-0 listener with one queued connection still accepted another")
+        except (socket.timeout, BlockingIOError):
+            pass  # It never answers: what the test needs.
+        finally:
+            probe.close()
+        return listener.getsockname()
+
+    def test_operator_commands_and_agents_give_up_at_their_deadlines(self):
+        host, port = self.full_listener(socket.AF_INET, ("127.0.0.1", 0))
+        unix_path = os.path.join(self.tmp, "full.sock")
+        self.full_listener(socket.AF_UNIX, unix_path)
+        self.daemon.send_signal(signal.SIGSTOP)  # Its backlog takes the connect; nothing answers.
+        try:
+            self.give_up_at_deadlines(host, port, unix_path)
+        finally:
+            self.daemon.send_signal(signal.SIGCONT)
+
+    def give_up_at_deadlines(self, host, port, unix_path):
+        cases = {
+            "jobs over TCP": (["jobs", "--rdzv-endpoint", f"{host}:{port}"], CONNECT_TIMEOUT_S,
+                              f"mcprun: cannot reach rendezvousd at {host}:{port}: no answer within {CONNECT_TIMEOUT_S} s"),
+            "status over unix": (["status", "j", "--rdzv-endpoint", "unix:" + unix_path], CONNECT_TIMEOUT_S,
+                                 f"mcprun: cannot reach rendezvousd at unix:{unix_path}: no answer within "
+                                 f"{CONNECT_TIMEOUT_S} s: its backlog is full and it accepts nothing"),
+            "stop to a stopped daemon": (["stop", "j", "--rdzv-endpoint", self.endpoint], ANSWER_TIMEOUT_S,
+                                         f"mcprun: rendezvousd at {self.endpoint} did not answer within "
+                                         f"{ANSWER_TIMEOUT_S} s"),
+        }
+        started = time.monotonic()
+        procs = {name: self.start(*argv) for name, (argv, _, _) in cases.items()}
+        agent = self.start("--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{host}:{port}",
+                           "--rdzv-id", "j", "--rdzv-conf", "is_host=false", "--no-python", "/bin/true")
+        for name, (argv, deadline, line) in cases.items():
+            out, err = procs[name].communicate(timeout=deadline + SLACK_S + 30)
+            took = time.monotonic() - started
+            self.assertEqual(procs[name].returncode, 75, f"{name}: {err}")
+            self.assertEqual(err.splitlines(), [line], name)
+            self.assertEqual(out, "", name)
+            self.assertGreaterEqual(took, deadline, name)
+            self.assertLess(took, deadline + SLACK_S, f"{name} took {took:.1f} s")
+        _, err = agent.communicate(timeout=CONNECT_TIMEOUT_S + SLACK_S + 30)
+        took = time.monotonic() - started
+        self.assertEqual(agent.returncode, 75, err)
+        self.assertIn(f"cannot reach rendezvous at {host}:{port}: no answer within {CONNECT_TIMEOUT_S} s", err)
+        self.assertLess(took, CONNECT_TIMEOUT_S + SLACK_S, f"the agent took {took:.1f} s")

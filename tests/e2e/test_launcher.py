@@ -4,6 +4,7 @@ import os
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import unittest
 
@@ -28,11 +29,28 @@ class DistributedTraining(LauncherTestCase):
 
     # Variables mcprun adds on purpose, beyond torchrun's (docs/worker-environment.md).
     MCPRUN_ONLY = {"MCPRUN_AGENT_SOCKET", "TORCHELASTIC_TIMER_FILE", "PYTHONPATH", "PYTHONFAULTHANDLER",
-                   "TORCH_DIST_INIT_BARRIER", "NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+                   "TORCH_DIST_INIT_BARRIER",
                    # The collective watchdog's (docs/worker-environment.md).
                    "MCPRUN_COLLECTIVE_WATCH", "TORCH_FR_DUMP_TEMP_FILE", "TORCH_FR_BUFFER_SIZE"}
+    ASYNC_ERROR_HANDLING = ("NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
 
     def test_environment_matches_torchrun_variable_by_variable(self):
+        self.assert_environment_matches_torchrun({})
+
+    def test_exported_async_error_handling_reaches_workers_as_under_torchrun(self):
+        # Either name exported, or both: each worker sees what the torchrun of its torch gives it.
+        for exported in ({"NCCL_ASYNC_ERROR_HANDLING": "0"}, {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"},
+                         {"NCCL_ASYNC_ERROR_HANDLING": "0", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}):
+            with self.subTest(exported=exported):
+                mine = self.assert_environment_matches_torchrun(exported)
+                for name, value in exported.items():
+                    self.assertEqual(mine[name], value)
+
+    def assert_environment_matches_torchrun(self, exported):
+        """Runs the same 2-rank job under both launchers with `exported` added to the environment
+        and compares every variable; returns rank 0's environment under mcprun."""
+        env = {k: v for k, v in self.env.items() if k not in self.ASYNC_ERROR_HANDLING}
+        env.update(exported)
         dump = self.script("dump_env.py", r'''
 import json, os, sys
 import torch.distributed as dist
@@ -42,9 +60,9 @@ env["unbuffered"] = str(not sys.stdout.buffer.__class__.__name__ == "BufferedWri
 with open(os.path.join(sys.argv[1], "env.%s.json" % os.environ["RANK"]), "w") as f:
     json.dump(env, f)
 ''')
-        ours, theirs = os.path.join(self.tmp, "mcprun"), os.path.join(self.tmp, "torchrun")
-        os.makedirs(ours), os.makedirs(theirs)
-        code, _, err = self.run_mcprun("--nproc_per_node", "2", "--max-restarts", "1", dump, ours)
+        ours = tempfile.mkdtemp(prefix="mcprun.", dir=self.tmp)
+        theirs = tempfile.mkdtemp(prefix="torchrun.", dir=self.tmp)
+        code, _, err = self.run_mcprun("--nproc_per_node", "2", "--max-restarts", "1", dump, ours, env=env)
         self.assertEqual(code, 0, err)
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -52,7 +70,7 @@ with open(os.path.join(sys.argv[1], "env.%s.json" % os.environ["RANK"]), "w") as
         # Debian's torch 1.13 on Python 3.11 crashes with torchrun's default redirects.
         subprocess.run([TORCHRUN, "--nproc_per_node", "2", "--max_restarts", "1",
                         "--master_port", str(port), "-r", "1", "-t", "1", dump, theirs],
-                       env=self.env, check=True, capture_output=True, timeout=120)
+                       env=env, check=True, capture_output=True, timeout=120)
         for rank in range(2):
             with open(os.path.join(ours, f"env.{rank}.json")) as f:
                 mine = json.load(f)
@@ -70,8 +88,37 @@ with open(os.path.join(sys.argv[1], "env.%s.json" % os.environ["RANK"]), "w") as
             for name in self.MCPRUN_ONLY:
                 mine.pop(name, None)
                 reference.pop(name, None)
+            if rank == 0:
+                rank0 = dict(mine)
             for name in sorted(set(mine) | set(reference)):
                 self.assertEqual(mine.get(name), reference.get(name), f"{name} (torch {TORCH_VERSION})")
+        return rank0
+
+    def test_a_taken_port_gets_a_hint_naming_its_holder(self):
+        # The script serves a store on a port (as init_method="tcp://..." does on rank 0) that
+        # another process, here the test, holds: torch's real error, then the hint.
+        own_store = self.script("own_store.py", r'''
+import datetime, os
+import torch.distributed as dist
+dist.TCPStore("127.0.0.1", int(os.environ.get("STORE_PORT", os.environ["MASTER_PORT"])), 1, True,
+              timeout=datetime.timedelta(seconds=5))
+''')
+        summary = os.path.join(self.tmp, "summary.json")
+        with socket.socket() as held:
+            held.bind(("0.0.0.0", 0))
+            held.listen()
+            port = held.getsockname()[1]
+            code, _, err = self.run_mcprun("-n", "1", "--summary-json", summary, own_store,
+                                           env=dict(self.env, STORE_PORT=str(port)))
+        self.assertEqual(code, 1, err)
+        hint = f"port {port} is held by pid {os.getpid()} (python"
+        self.assertIn("  hint:       " + hint, err)
+        with open(summary) as f:
+            self.assertTrue(json.load(f)["hint"].startswith(hint))
+        if not TORCH2:  # torch 2.x ignores the failure under mcprun's (and torchrun's) agent store.
+            code, _, err = self.run_mcprun("-n", "1", own_store)
+            self.assertEqual(code, 1, err)
+            self.assertRegex(err, r"  hint:       MASTER_PORT \d+ is where mcprun serves the job's store")
 
     def test_report_shows_the_recorded_python_traceback(self):
         failing = self.script("failing.py", r'''
@@ -307,6 +354,53 @@ class GpuPinning(LauncherTestCase):
         ranks = self.devices("-n", "4", "--virtual-local-rank")
         self.assertEqual({r: ranks[r][:3] for r in ranks},
                          {0: ["0", "0", "0"], 1: ["0", "2", "2"], 2: ["0", "1", "1"], 3: ["0", "3", "3"]})
+
+
+    UUIDS = {"0000:1a:00.0": "GPU-1a1a1a1a-0000-4000-8000-000000000001",
+             "0000:3b:00.0": "GPU-3b3b3b3b-0000-4000-8000-000000000002",
+             "0000:5e:00.0": "GPU-5e5e5e5e-0000-4000-8000-000000000003",
+             "0000:86:00.0": "GPU-86868686-0000-4000-8000-000000000004"}
+
+    def with_driver(self, processes=""):
+        """The driver's /proc files for the fake GPUs, and a stand-in NVML on the library path
+        that logs each load; returns (environment, the NVML log)."""
+        nvml_log = os.path.join(self.tmp, "nvml.log")
+        folder = fake_sysfs.build_fake_nvml(os.path.join(self.tmp))
+        env = dict(self.env, MCPRUN_PROC_ROOT=fake_sysfs.make_driver_tree(self.tmp, self.UUIDS),
+                   LD_LIBRARY_PATH=folder, FAKE_NVML_LOG=nvml_log, FAKE_NVML_BUS_ID="00000000:1A:00.0",
+                   FAKE_NVML_PROCESSES=processes)
+        return env, nvml_log
+
+    def test_uuids_come_from_the_drivers_proc_files_and_a_launch_never_loads_nvml(self):
+        env, nvml_log = self.with_driver()
+        ranks = self.devices("-n", "4", env=env)
+        order = [self.UUIDS[bus] for bus in ("0000:1a:00.0", "0000:5e:00.0", "0000:3b:00.0", "0000:86:00.0")]
+        self.assertEqual({r: ranks[r][:3] for r in ranks},
+                         {r: [str(r), ",".join(order), order[r]] for r in range(4)})
+        code, out, _ = self.run_mcprun("topo", env=env)
+        self.assertEqual(code, 0)
+        self.assertIn("uuid GPU-5e5e5e5e-0000-4000-8000-000000000003", out)
+        self.assertFalse(os.path.exists(nvml_log), "a launch or topo loaded NVML")
+
+    def test_out_of_memory_hint_lists_the_other_processes_on_the_gpu_from_nvml(self):
+        # A rank that fails as torch 2.x does when its GPU is full, while the test's own process
+        # holds 8 GiB on that GPU as another job would.
+        env, nvml_log = self.with_driver(f"{os.getpid()}:{8 << 30}")
+        oom = ("import sys; print('torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+               "400.00 GiB. GPU 0 has a total capacity of 139.80 GiB of which 139.29 GiB is free.', "
+               "file=sys.stderr); sys.exit(1)")
+        summary = os.path.join(self.tmp, "summary.json")
+        code, _, err = self.run_mcprun("-n", "1", "--summary-json", summary, "--no-python", PYTHON, "-c",
+                                       oom, env=env)
+        self.assertEqual(code, 1, err)
+        hint = ("rank 0 ran out of memory on its cuda:0, GPU 0000:1a:00.0 "
+                "(GPU-1a1a1a1a-0000-4000-8000-000000000001), asking for 400.00 GiB; other processes "
+                f"hold memory on it (NVML), another job on a shared GPU: pid {os.getpid()} (python")
+        self.assertIn("  hint:       " + hint, err)
+        with open(summary) as f:
+            self.assertTrue(json.load(f)["hint"].startswith(hint))
+        with open(nvml_log) as f:
+            self.assertEqual(f.read(), "nvmlInit_v2\n")  # Once, for the hint.
 
 
 class BadInput(LauncherTestCase):

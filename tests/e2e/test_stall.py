@@ -1,5 +1,6 @@
 """End-to-end tests of stall detection with real torch workers (gloo on CPU), 1.13 and 2.13."""
 import glob
+import json
 import os
 import re
 import time
@@ -18,6 +19,10 @@ print(f"rank {rank} up", flush=True)
 if behaviour == "late_init" or (behaviour == "late_first_attempt" and
                                 os.environ["TORCHELASTIC_RESTART_COUNT"] == "0"):
     print("sleeping before init_process_group", flush=True)
+    time.sleep(600)
+if behaviour == "nccl_bootstrap_warning":  # NCCL's own line, then stuck before init.
+    print(f"{os.uname().nodename}:{os.getpid()}:{os.getpid()} [0] bootstrap.cc:45 NCCL WARN "
+          "Bootstrap : no socket interface found", flush=True)
     time.sleep(600)
 if behaviour == "slow_import":
     time.sleep(5)  # A node whose imports outlast --init-timeout: no evidence of a stall yet.
@@ -140,6 +145,23 @@ class StallTest(LauncherTestCase):
             self.assertIn("Python tracebacks", text, dump)
             self.assertRegex(text, r"File \".*worker\.py\", line \d+", dump)
         self.assertTrue(glob.glob(os.path.join(logs, "*", "attempt_0", "stall_report.txt")))
+
+    def test_a_stalled_ranks_recognised_last_line_gets_its_hint_in_the_report_and_summary(self):
+        summary = os.path.join(self.tmp, "summary.json")
+        code, _, err, _, _ = self.launch("--init-timeout", "6", "--no-stack-dumps", "--summary-json",
+                                         summary, nproc="2",
+                                         behaviour={1: "nccl_bootstrap_warning"},
+                                         extra_env={"NCCL_SOCKET_IFNAME": "eth7"})
+        self.assertEqual(code, 3, err)
+        hint = ("NCCL's bootstrap could not open or reach its peers' sockets at init "
+                "(NCCL_SOCKET_IFNAME=eth7): run `mcprun doctor` on each node")
+        self.assertRegex(err, r"\n  1\* .*\n        hint: " + re.escape(hint))
+        self.assertEqual(err.count("hint:"), 1, err)  # Rank 0's output matched nothing.
+        with open(summary) as f:
+            document = json.load(f)
+        self.assertTrue(document["hint"].startswith(hint), document)
+        self.assertTrue(document["ranks"][1]["hint"].startswith(hint), document)
+        self.assertNotIn("hint", document["ranks"][0])
 
     def test_init_timeout_counts_from_the_first_arrival_not_the_start(self):
         # Rank 0 reaches the store after 5 s of "imports" plus torch's, well past --init-timeout 3;

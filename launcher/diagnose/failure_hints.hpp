@@ -1,0 +1,63 @@
+// Root-cause hints: the failure signatures the field knows (one table, failure_hints.cpp), each
+// turned into one line that says what it means for this job: its GPUs, its pinning, /dev/shm,
+// its interface, its master port.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/proc_sockets.hpp"
+#include "common/topology.hpp"
+
+namespace mcprun {
+
+/// One local rank, as the hints need it.
+struct HintRank {
+  int local_rank = 0;  ///< The LOCAL_RANK it was given (0 for all under --virtual-local-rank).
+  int pid = 0;
+  /// Its CUDA_VISIBLE_DEVICES entries, in CUDA's order; empty when mcprun did not pin it.
+  std::vector<std::string> visible_gpus;
+};
+
+/// What this node's part of the job knows that turns a signature into a cause.
+struct HintJob {
+  std::vector<GpuDevice> node_gpus;  ///< Every GPU found on this node, UUIDs included.
+  std::map<int, HintRank> ranks;     ///< This node's ranks, by global rank.
+  bool pinned = false;               ///< mcprun gave each rank CUDA_VISIBLE_DEVICES.
+  bool no_pin = false;               ///< --no-pin was given.
+  /// CUDA_VISIBLE_DEVICES as mcprun inherited it; every unpinned rank inherits it too.
+  std::optional<std::string> inherited_visible_devices;
+  /// NCCL_SOCKET_IFNAME as the workers got it; empty: NCCL picked an interface itself.
+  std::string socket_interface;
+  int master_port = 0;
+};
+
+/// Space on a file system, in bytes.
+struct FileSystemSpace {
+  std::uintmax_t free = 0;
+  std::uintmax_t total = 0;
+};
+
+/// The system behind the hints, asked only when a signature matched; tests replace it.
+struct HintProbes {
+  std::function<std::optional<FileSystemSpace>()> shm_space;
+  /// NVML's process list for a GPU: only the out-of-memory hint loads NVML.
+  std::function<std::optional<std::vector<GpuProcess>>(const std::string& bus_id)> gpu_processes;
+  std::function<std::optional<PortListener>(int port)> port_listener;
+  std::function<std::string(int pid)> command_of;  ///< /proc/PID/comm; "" when gone.
+  int own_pid = 0;                                 ///< mcprun's: it holds the master port.
+};
+
+/// The real system: statvfs(/dev/shm), NVML, /proc.
+HintProbes system_hint_probes();
+
+/// The one-line hint for the first recognised signature in `lines` (a rank's last output, then
+/// what torch's @record wrote), for global rank `rank`; nullopt when no line matches one.
+std::optional<std::string> failure_hint(int rank, const std::vector<std::string>& lines,
+                                        const HintJob& job, const HintProbes& probes);
+
+}  // namespace mcprun
