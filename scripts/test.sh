@@ -27,7 +27,8 @@ phase "build (gcc, RelWithDebInfo, -Werror)" env BUILD_DIR=build CMAKE_CXX_COMPI
 # Unit tests and the end-to-end suites on torch 1.13; their torch 2.13 twins run under the
 # sanitizers below, so every suite still meets both torches, and mcprun's code, which is the same
 # for both, is not run twice more than that.
-phase "tests (torch 1.13)" in_dir build ctest --output-on-failure -j 2 -E 'torch2\.13$'
+# The chaos test runs once, below, where the sanitizers watch the daemon's and mcprun's fault paths.
+phase "tests (torch 1.13)" in_dir build ctest --output-on-failure -j 2 -E 'torch2\.13$|^e2e\.test_chaos$'
 
 # One clang build serves the sanitizers and the fuzz targets, which need clang: no third build.
 # Line tables are all a sanitizer's report needs, and -O0 compiles in less than half the time of
