@@ -54,8 +54,9 @@ KEY_PREFIX = "mcprun/progress/"
 DUMP_REQUEST_KEY = "mcprun/flight_recorder/dump"
 # Bounds the store client's connect and each set: a slow store delays only this thread.
 STORE_TIMEOUT_S = 2.0
-# How long exit waits for the thread to close its store connection.
-EXIT_WAIT_S = 0.2
+# How long exit waits for the thread's last record and the close of its store connection: one
+# round trip to the store, which a loaded machine can stretch past a tenth of a second.
+EXIT_WAIT_S = 1.0
 MAX_PENDING = 4
 MAX_FRAMES = 6
 MAX_GROUP_RANKS = 64
