@@ -12,9 +12,6 @@ MASTER_ADDR:MASTER_PORT, through a client connection of its own) to one JSON rec
                   "backend": "gloo", "pending_s": 12.5}],
      "cpu_s": 40.21, "frames": ["train.py:41 in main", "_tensor.py:626 in backward"]}
 
-At interpreter exit it sets one last record with nothing pending, so that a rank whose teardown
-outlasts the timeout is not judged by the call its previous record caught.
-
 n counts the records this process built. source says where completed and pending come from:
 
 - "flight_recorder" (torch >= 2.x): torch's in-process Flight Recorder, which also sees the
@@ -54,9 +51,8 @@ KEY_PREFIX = "mcprun/progress/"
 DUMP_REQUEST_KEY = "mcprun/flight_recorder/dump"
 # Bounds the store client's connect and each set: a slow store delays only this thread.
 STORE_TIMEOUT_S = 2.0
-# How long exit waits for the thread's last record and the close of its store connection: one
-# round trip to the store, which a loaded machine can stretch past a tenth of a second.
-EXIT_WAIT_S = 1.0
+# How long exit waits for the thread to close its store connection.
+EXIT_WAIT_S = 0.2
 MAX_PENDING = 4
 MAX_FRAMES = 6
 MAX_GROUP_RANKS = 64
@@ -113,10 +109,10 @@ class Reporter:
         atexit.register(self.stop)
         try:
             while not self.stop_requested.wait(self.interval_s):
-                self.report_safely()
-            # The interpreter is exiting: a last record, so that the pending call of the one
-            # before is not read as a stall for as long as torch's teardown takes.
-            self.report_safely(leaving=True)
+                try:
+                    self.report()
+                except Exception as error:
+                    debug(f"no report this interval: {error!r}")
         finally:
             self.store = None  # Closes the connection.
             self.stopped.set()
@@ -128,13 +124,7 @@ class Reporter:
         self.stop_requested.set()
         self.stopped.wait(EXIT_WAIT_S)
 
-    def report_safely(self, leaving=False):
-        try:
-            self.report(leaving)
-        except Exception as error:
-            debug(f"no report this interval: {error!r}")
-
-    def report(self, leaving=False):
+    def report(self):
         dist = sys.modules.get("torch.distributed")
         rank = os.environ.get("RANK")
         # Past destroy_process_group() too: a last record's pending call would read as a stall.
@@ -144,13 +134,9 @@ class Reporter:
         if store is None:
             return
         record = self.record(dist, int(rank))
-        if leaving:
-            if record["n"] == 1:
-                return  # It never reported: nothing stale to replace.
-            record["pending"] = []
         try:
             store.set(KEY_PREFIX + rank, json.dumps(record, separators=(",", ":")).encode())
-            dump_requested = (not leaving and record["source"] == "flight_recorder" and self.dump_prefix
+            dump_requested = (record["source"] == "flight_recorder" and self.dump_prefix
                               and not self.dumped and store.check([DUMP_REQUEST_KEY]))
         except Exception:
             self.store = None  # Reconnects next interval.
