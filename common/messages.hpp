@@ -53,6 +53,7 @@ struct JoinMessage {
   int min_nodes = 0, max_nodes = 0;
   double join_timeout_s = kDefaultJoinTimeout.count();
   double last_call_timeout_s = kDefaultLastCallTimeout.count();
+  int restart_count = 0;  ///< The agent's restarts so far: above 0, it re-joins after a failure.
   std::optional<AssignmentMessage> assignment;  ///< Set for "rejoin" only.
 };
 

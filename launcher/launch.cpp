@@ -257,7 +257,8 @@ int Launch::run() {
   if (auto code = prepare_supervision()) return *code;
   for (int attempt = 0, restart_count = 0;; ++attempt, ++restart_count) {
     // Every attempt of a multi-node job is a fresh round: all nodes restart together.
-    if (config_.uses_rendezvous() && !join_round()) return kExitRendezvous;
+    if (config_.uses_rendezvous())
+      if (auto code = join_round(restart_count)) return *code;
     if (!serve_store_if_master()) return kExitFailure;
     summary_.stall_ranks.clear();
     reported_nodes_.clear();
@@ -403,9 +404,10 @@ std::optional<int> Launch::prepare_supervision() {
   return std::nullopt;
 }
 
-bool Launch::join_round() {
+std::optional<int> Launch::join_round(int restart_count) {
   rendezvous_.reset();
   auto client = std::make_unique<RendezvousClient>(io_, config_.rdzv_endpoint);
+  join_["restart_count"] = restart_count;
   spdlog::info("joining job '{}' at {} ({} node(s) expected, up to {} s)", config_.rdzv_id,
                config_.rdzv_endpoint, config_.nnodes, config_.join_timeout);
   // The daemon times the round out itself; our limit only covers a daemon that went silent.
@@ -414,7 +416,7 @@ bool Launch::join_round() {
                  kConnectTimeout);
   if (!joined) {
     spdlog::error("{}", joined.error().message);
-    return false;
+    return client->job_closed() ? code_without_restart_ : kExitRendezvous;
   }
   const Assignment& assignment = *joined;
   place_in_job(*plan_, assignment);
@@ -455,7 +457,7 @@ bool Launch::join_round() {
   };
   events.on_barrier_done = [this](const std::string& name) { watch_->complete_barrier(name); };
   rendezvous_->watch(std::move(events));
-  return true;
+  return std::nullopt;
 }
 
 bool Launch::serve_store_if_master() {
@@ -526,7 +528,8 @@ std::optional<int> Launch::conclude(const AttemptResult& result, int attempt, in
         return std::nullopt;
       }
       spdlog::error("stopped this node's workers: {}", result.peer_reason);
-      if (restart_count >= config_.max_restarts) return result.peer_exit_code;
+      code_without_restart_ = result.peer_exit_code;
+      if (restart_count >= config_.max_restarts) return code_without_restart_;
       spdlog::warn("restarting the worker group with the other nodes ({} of {} restarts)",
                    restart_count + 1, config_.max_restarts);
       return std::nullopt;
@@ -555,9 +558,10 @@ std::optional<int> Launch::conclude(const AttemptResult& result, int attempt, in
                  .c_str(),
              stderr);
   name_nccl_logs(config_, result, run_dir_->attempt(attempt));
+  code_without_restart_ = exit_code_for(root);
   if (restart_count >= config_.max_restarts) {
     serve_remaining_nodes(kFailurePassOnTimeout);
-    return exit_code_for(result.workers[result.first_failure]);
+    return code_without_restart_;
   }
   spdlog::warn("restarting the worker group ({} of {} restarts)", restart_count + 1,
                config_.max_restarts);
@@ -582,9 +586,10 @@ std::optional<int> Launch::conclude_stall(const AttemptResult& result, int attem
   std::ofstream(report_file) << report;
   spdlog::info("stall report saved to {}", report_file.string());
   name_nccl_logs(config_, result, run_dir_->attempt(attempt));
+  code_without_restart_ = kExitStalled;
   if (restart_count >= config_.max_restarts) {
     serve_remaining_nodes(kFailurePassOnTimeout);
-    return kExitStalled;
+    return code_without_restart_;
   }
   spdlog::warn("restarting the worker group after the stall ({} of {} restarts)", restart_count + 1,
                config_.max_restarts);

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/exit_status.hpp"
 #include "common/topology.hpp"
 #include "launcher/config/launch_config.hpp"
 #include "launcher/diagnose/failure_hints.hpp"
@@ -49,8 +50,9 @@ class Launch {
   std::optional<int> prepare_join();
   /// The run folder, the watchdogs, the worker group and the job's --timeout.
   std::optional<int> prepare_supervision();
-  /// One rendezvous round: join, move the plan to its place in the job, listen to the others.
-  bool join_round();
+  /// One rendezvous round: join, move the plan to its place in the job, listen to the others;
+  /// an exit code when this node cannot take part.
+  std::optional<int> join_round(int restart_count);
   /// The master node serves the job store; every rank's env:// init is its client.
   bool serve_store_if_master();
   /// The job store on MASTER_PORT, observed by the watchdogs; false when the port cannot be had.
@@ -91,6 +93,9 @@ class Launch {
   bool timed_out_ = false;
   std::unique_ptr<RendezvousClient> rendezvous_;
   bool membership_change_ = false;
+  /// What the last attempt would have ended with had no restart been left: the exit code when
+  /// the job turns out unable to restart.
+  int code_without_restart_ = kExitFailure;
   std::set<std::string> reported_nodes_;  ///< Nodes whose stall report arrived this attempt.
   /// Where each rank was by the collective watchdog when the attempt ended, for its report.
   std::map<int, std::string> collectives_at_end_;

@@ -177,7 +177,10 @@ void RendezvousServer::on_message(const std::shared_ptr<AgentSession>& session,
 void RendezvousServer::handle_job_message(const std::shared_ptr<AgentSession>& session,
                                           const std::string& type, const nlohmann::json& message) {
   Job* current = job_of(*session);
-  if (!current) return;  // A message about a round that has been replaced.
+  if (!current) {  // A message about a round that has been replaced.
+    if (type == "done") handle_late_done(*session);
+    return;
+  }
   Job& job = *current;
   if (type == "heartbeat") return;
   if (type == "failed") {
@@ -223,6 +226,27 @@ void RendezvousServer::handle_job_message(const std::shared_ptr<AgentSession>& s
     return;
   }
   session->refuse("unknown message type '" + type + "'");
+}
+
+void RendezvousServer::handle_late_done(const AgentSession& session) {
+  auto it = jobs_.find(session.job_id);
+  if (it == jobs_.end() || !it->second.restart_round || it->second.running) return;
+  Job& job = it->second;
+  job.done_nodes.insert(session.node);
+  if (job.finished) return;
+  for (auto& [name, member] : job.members)
+    if (auto waiting = member.lock()) refuse_restart(*waiting, session.job_id, job.done_nodes);
+  finish(session.job_id);
+}
+
+void RendezvousServer::refuse_restart(AgentSession& session, const std::string& job_id,
+                                      const std::set<std::string>& done_nodes) {
+  std::string names;
+  for (const auto& name : done_nodes) names += (names.empty() ? "" : ", ") + name;
+  const std::string reason = "job " + job_id + " cannot restart: node(s) " + names +
+                             " finished with every worker's success, and a restart needs every node";
+  spdlog::warn("{}: {}", session.peer(), reason);
+  session.reply_and_close({{"type", "closed"}, {"message", reason}});
 }
 
 namespace {
@@ -276,10 +300,14 @@ void RendezvousServer::handle_join(const std::shared_ptr<AgentSession>& session,
     return session->refuse("job " + job_id + " belongs to " + user_name(*it->second.owner) +
                            "; only that user or root may join it from this host");
   if (it == jobs_.end() || it->second.finished) {
+    if (it != jobs_.end() && message.restart_count > 0 && !it->second.done_nodes.empty())
+      return refuse_restart(*session, job_id, it->second.done_nodes);
     // The survivors of a round that failed, stalled or lost a node re-join: a restart.
     if (it != jobs_.end() && it->second.running && it->second.done_nodes.size() < it->second.members.size())
       ++stats_.restarts;
-    open_round(job_id, round).owner = session->uid;  // A finished job's id may be reused.
+    Job& opened = open_round(job_id, round);  // A finished job's id may be reused.
+    opened.owner = session->uid;
+    opened.restart_round = message.restart_count > 0;
   } else if (it->second.running) {
     Job& running = it->second;
     if (running.members.size() >= static_cast<size_t>(running.settings.max_nodes))

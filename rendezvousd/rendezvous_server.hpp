@@ -102,6 +102,7 @@ class RendezvousServer {
     RoundSettings settings;            ///< Kept to open the next round with the same rules.
     std::map<std::string, std::weak_ptr<AgentSession>> members;  ///< node name -> session.
     std::set<std::string> done_nodes;  ///< Nodes whose workers all succeeded.
+    bool restart_round = false;        ///< Opened by a node re-joining after a failure.
     uint64_t generation = 0;           ///< Tells a restarted job from the round it replaced.
     int world_size = 0;                ///< Of the running round.
     int expected_nodes = 0;            ///< Nodes of the running round.
@@ -141,6 +142,13 @@ class RendezvousServer {
   /// A message of a joined agent about its job: failed, stall, stall_report, barrier, done.
   void handle_job_message(const std::shared_ptr<AgentSession>& session, const std::string& type,
                           const nlohmann::json& message);
+  /// A node of a replaced round reports success late: a restart round waiting for it never
+  /// completes, so its nodes are told at once, as a restart join after that success would be.
+  void handle_late_done(const AgentSession& session);
+  /// Tells a node re-joining after a failure that the job is closed: `done_nodes` succeeded, and
+  /// a restart needs every node, as torchrun's closed rendezvous does.
+  void refuse_restart(AgentSession& session, const std::string& job_id,
+                      const std::set<std::string>& done_nodes);
   void advance(const std::string& job_id);
   /// Tells a forming round's agents who joined so far, at most once per kProgressInterval.
   void schedule_progress(const std::string& job_id);

@@ -115,9 +115,10 @@ Expected<Assignment> RendezvousClient::join(nlohmann::json join, std::chrono::mi
   if (!reply) return Error{"the rendezvous at " + endpoint_ + " closed the connection"};
   const std::string type = message_type(*reply);
   if (type == "lost") return Error{"the rendezvous at " + endpoint_ + " closed the connection"};
-  if (type == "error") {
+  if (type == "error" || type == "closed") {
     auto refused = parse_text(*reply);
     if (!refused) return Error{"rendezvous: malformed " + refused.error().message};
+    job_closed_ = type == "closed";
     return Error{"rendezvous: " + refused->message};
   }
   if (type != "assignment") return Error{"rendezvous: unexpected reply '" + type + "'"};

@@ -83,6 +83,8 @@ class RendezvousClient {
   void report_done();
   /// The local address of the connection: the one this node reaches the rendezvous from.
   std::string local_address() const;
+  /// Whether join() was refused because the job cannot restart: another node already finished.
+  bool job_closed() const { return job_closed_; }
 
  private:
   class Connection;
@@ -121,6 +123,7 @@ class RendezvousClient {
   std::function<void(const nlohmann::json&)> on_message_;
   std::vector<nlohmann::json> early_;  ///< Arrived after the assignment, before watch().
   bool closed_ = false;
+  bool job_closed_ = false;
   bool heartbeating_ = false;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  ///< False once destroyed.
   std::chrono::milliseconds heartbeat_interval_ = kDefaultHeartbeatInterval;

@@ -32,11 +32,11 @@ class RendezvousTestCase(LauncherTestCase):
         self.daemon_log = os.path.join(self.tmp, "rendezvousd.log")
         self.start_daemon("127.0.0.1:0")
 
-    def start_daemon(self, listen, *flags, env=None):
+    def start_daemon(self, listen, *flags, env=None, lease="2"):
         """Starts rendezvousd (appending to its log) and waits until it listens."""
         log = open(self.daemon_log, "a")
         started_at = log.tell()
-        self.daemon = subprocess.Popen([RENDEZVOUSD, "--listen", listen, "--lease", "2", *flags],
+        self.daemon = subprocess.Popen([RENDEZVOUSD, "--listen", listen, "--lease", lease, *flags],
                                        stderr=log, stdout=log, start_new_session=True, env=env)
         log.close()
         port = wait_for(lambda: re.search(r"listening on 127\.0\.0\.1:(\d+)",
@@ -251,6 +251,68 @@ class Rendezvous(RendezvousTestCase):
         with open(os.path.join(self.tmp, "attempts")) as f:
             attempts = sorted(f.read().split("\n")[:-1])
         self.assertEqual(attempts, ["0 0", "0 1", "1 0", "1 1"])
+
+    # Rank 0 exits 0 once $MCPRUN_TEST_DIR/release0 exists, rank 1 exits 7 once .../go does; each
+    # records its agent's pid and its attempt first.
+    FINISH_OR_FAIL = {
+        "BEHAVIOUR_0": 'echo $PPID > "$MCPRUN_TEST_DIR/agent.0"; '
+                       'while [ ! -e "$MCPRUN_TEST_DIR/release0" ]; do sleep 0.02; done; exit 0',
+        "BEHAVIOUR_1": 'echo $PPID > "$MCPRUN_TEST_DIR/agent.1"; '
+                       'echo "$TORCHELASTIC_RESTART_COUNT" >> "$MCPRUN_TEST_DIR/attempts.1"; '
+                       'while [ ! -e "$MCPRUN_TEST_DIR/go" ]; do sleep 0.02; done; exit 7'}
+
+    def touch(self, name):
+        open(os.path.join(self.tmp, name), "w").close()
+
+    def agent_pid(self, rank):
+        def recorded():
+            try:
+                with open(os.path.join(self.tmp, f"agent.{rank}")) as f:
+                    return int(f.read())
+            except (FileNotFoundError, ValueError):
+                return None
+        pid = wait_for(recorded, 30)
+        self.assertTrue(pid, f"rank {rank} never started")
+        return pid
+
+    def test_a_failure_after_the_other_node_finished_ends_the_job_without_a_restart(self):
+        # A restart needs every node, and one has finished: waiting out the round would only end
+        # in a rendezvous timeout. The failing node exits at once with its worker's code.
+        agents = [self.agent(f"n{i}", "--max-restarts", "1", nnodes="2", nproc="1",
+                             extra_env=self.FINISH_OR_FAIL) for i in range(2)]
+        by_pid = {proc.pid: proc for proc in agents}
+        finished, failing = by_pid[self.agent_pid(0)], by_pid[self.agent_pid(1)]
+        self.touch("release0")
+        self.assertEqual(self.finish([finished])[0][0], 0)
+        self.touch("go")
+        started = time.monotonic()
+        code, _, err = self.finish([failing], timeout=30)[0]
+        self.assertEqual(code, 7, err + self.read_log())
+        self.assertLess(time.monotonic() - started, 15)
+        self.assertRegex(err, r"job job1 cannot restart: node\(s\) n\d finished with every worker's success")
+        with open(os.path.join(self.tmp, "attempts.1")) as f:
+            self.assertEqual(f.read(), "0\n", "a worker was restarted")
+
+    def test_a_success_reported_after_the_restart_round_opened_ends_that_round(self):
+        # The finished node's agent is stopped while its worker exits 0 and the other node fails
+        # and re-joins; resumed, it reports its success (or restarts, had it read the failure
+        # first). Either way the failing node ends with its worker's code, never a round timeout.
+        self.daemon.send_signal(signal.SIGTERM)
+        self.daemon.wait(timeout=10)
+        self.start_daemon("127.0.0.1:0", lease="10")  # The stopped agent must outlive its pause.
+        agents = [self.agent(f"n{i}", "--max-restarts", "1", nnodes="2", nproc="1",
+                             extra_env=self.FINISH_OR_FAIL) for i in range(2)]
+        by_pid = {proc.pid: proc for proc in agents}
+        finished, failing = by_pid[self.agent_pid(0)], by_pid[self.agent_pid(1)]
+        os.kill(finished.pid, signal.SIGSTOP)
+        self.touch("release0")
+        self.touch("go")
+        self.assertTrue(wait_for(lambda: self.read_log().count("joined, 1 node(s) so far") >= 2, 20),
+                        "the failing node never re-joined:\n" + self.read_log())
+        os.kill(finished.pid, signal.SIGCONT)
+        code, _, err = self.finish([failing], timeout=30)[0]
+        self.assertEqual(code, 7, err + self.read_log())
+        self.assertIn(self.finish([finished])[0][0], (0, 7))
 
     def test_local_agents_over_the_unix_socket(self):
         path = os.path.join(self.tmp, "rendezvousd.sock")
