@@ -139,6 +139,47 @@ TEST(CollectiveWatch, AnExitedRankIsMissingAndSaysHowItEnded) {
   EXPECT_EQ(stall->states.at(1), "exited: exit code 0");
 }
 
+TEST(CollectiveWatch, ACallLeftForTeardownIsNoStallOnceTheRankSaysItIsExiting) {
+  // Rank 2's last periodic record caught the final barrier; the others' came after it. Then
+  // every interpreter exits, and torch's teardown outlasts the timeout with no record at all.
+  for (bool says_exiting : {true, false}) {
+    Job job(3);
+    job.second([](int rank, ProgressRecord& record) {
+      record.completed = rank == 2 ? 4 : 5;
+      if (rank == 2) record.pending = {call("barrier", 5)};
+      return true;
+    });
+    job.second([&](int rank, ProgressRecord& record) {
+      record.completed = rank == 2 ? 4 : 5;
+      if (rank == 2) record.pending = {call("barrier", 5)};
+      record.exiting = says_exiting;
+      return true;
+    });
+    for (int second = 0; second < 12; ++second) job.second([](int, ProgressRecord&) { return false; });
+    EXPECT_EQ(job.check().has_value(), !says_exiting);  // Without the exiting record: a false stall.
+  }
+}
+
+TEST(CollectiveWatch, AnExitingRankIsMissingFromTheCallTheOthersWaitIn) {
+  Job job(3);
+  for (int second = 0; second < 12; ++second)
+    job.second([](int rank, ProgressRecord& record) {
+      record.completed = 9;
+      record.pending = {rank == 2 ? call("barrier", 10) : call("all_reduce", 10)};
+      record.exiting = rank == 2;
+      return true;
+    });
+  auto stall = job.check();
+  ASSERT_TRUE(stall);
+  EXPECT_EQ(stall->collective.op, "all_reduce");
+  EXPECT_EQ(stall->missing, (std::vector<int>{2}));
+  EXPECT_FALSE(stall->mismatch);  // It left every collective: nothing it waits in can match.
+  EXPECT_EQ(stall->states.at(2).rfind("exiting (its interpreter is shutting down); last in barrier #10", 0), 0u)
+      << stall->states.at(2);
+  // A failure report shows the call the exiting rank left.
+  EXPECT_EQ(job.watch().ranks_in_collectives(Clock::now()).at(2).rfind("in barrier #10", 0), 0u);
+}
+
 TEST(CollectiveWatch, EveryMemberInItAndItNeverCompletes) {
   Job job(2);
   for (int second = 0; second < 12; ++second)
@@ -250,6 +291,12 @@ TEST(ProgressRecord, ParsesAReportersRecord) {
   EXPECT_EQ(record->pending[0].seq, 18);
   EXPECT_EQ(record->pending[0].group_ranks, (std::vector<int>{0, 1, 2}));
   EXPECT_DOUBLE_EQ(record->cpu_s, 12.25);
+  EXPECT_FALSE(record->exiting);
+  auto exiting = parse_progress_record(
+      R"({"v": 1, "rank": 0, "pid": 42, "n": 4, "source": "stack", "completed": 0, "pending": [],
+          "cpu_s": 0, "exiting": true})");
+  ASSERT_TRUE(exiting) << exiting.error().message;
+  EXPECT_TRUE(exiting->exiting);
 }
 
 TEST(ProgressRecord, RefusesWhatIsNotOne) {

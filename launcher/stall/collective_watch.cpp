@@ -64,6 +64,7 @@ Expected<ProgressRecord> parse_progress_record(std::string_view text) {
       record.pending.push_back(std::move(pending));
     }
     record.frames = json.value("frames", std::vector<std::string>{});
+    record.exiting = json.value("exiting", false);
     if (record.rank < 0) return Error{fmt::format("rank {} is negative", record.rank)};
     return record;
   } catch (const std::exception& error) {
@@ -130,6 +131,12 @@ void CollectiveWatch::observe(ProgressRecord record, Clock::time_point now) {
 
 void CollectiveWatch::rank_ended(int rank, std::string how) { ended_[rank] = std::move(how); }
 
+bool CollectiveWatch::gone(int rank) const {
+  if (ended_.contains(rank)) return true;
+  auto it = ranks_.find(rank);
+  return it != ranks_.end() && it->second.last.exiting;
+}
+
 std::optional<CollectiveStall> CollectiveWatch::check(Clock::time_point now) const {
   if (seconds_between(last_progress_, now) < timeout_s_) return std::nullopt;
   // The collective: the call the most ranks wait in, the longest pending among equals.
@@ -137,12 +144,12 @@ std::optional<CollectiveStall> CollectiveWatch::check(Clock::time_point now) con
   size_t chosen_count = 0;
   double chosen_age = -1;
   for (const auto& [rank, view] : ranks_) {
-    if (ended_.contains(rank)) continue;
+    if (gone(rank)) continue;
     for (const PendingCollective& pending : view.last.pending) {
       size_t count = 0;
       for (const auto& [other, other_view] : ranks_)
         for (const PendingCollective& theirs : other_view.last.pending)
-          count += same_call(pending, theirs) && !ended_.contains(other);
+          count += same_call(pending, theirs) && !gone(other);
       const double age = pending.pending_s + seconds_between(view.received, now);
       if (std::tie(count, age) > std::tie(chosen_count, chosen_age)) {
         chosen = &pending;
@@ -169,10 +176,10 @@ std::optional<CollectiveStall> CollectiveWatch::check(Clock::time_point now) con
   for (int member : members) {
     auto it = ranks_.find(member);
     bool in = false;
-    if (it != ranks_.end() && !ended_.contains(member))
+    if (it != ranks_.end() && !gone(member))
       for (const PendingCollective& pending : it->second.last.pending) in |= same_call(*chosen, pending);
     (in ? stall.in : stall.missing).push_back(member);
-    if (!in && it != ranks_.end() && !ended_.contains(member) &&
+    if (!in && it != ranks_.end() && !gone(member) &&
         (!it->second.last.pending.empty() || in_unseen_backward(it->second.last)))
       stall.mismatch = true;
   }
@@ -198,6 +205,11 @@ std::string CollectiveWatch::state_of(int rank, const PendingCollective* stalled
   if (it == ranks_.end()) return "sent no progress record: no process group seen";
   const RankView& view = it->second;
   const double age = seconds_between(view.received, now);
+  // A stall report counts an exiting rank out; a failure report shows the call it left.
+  if (view.last.exiting && stalled)
+    return "exiting (its interpreter is shutting down); last in " +
+           (view.last.pending.empty() ? "user code: " + innermost_frames(view.last.frames)
+                                      : describe(view.last.pending.front()));
   for (const PendingCollective& pending : view.last.pending) {
     const double pending_for = pending.pending_s + age;
     if (!stalled || same_call(*stalled, pending))

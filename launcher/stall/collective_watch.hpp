@@ -53,6 +53,8 @@ struct ProgressRecord {
   std::vector<PendingCollective> pending;  ///< Oldest first.
   double cpu_s = 0;             ///< CPU time of the rank and its live descendants.
   std::vector<std::string> frames;         ///< The main thread's innermost frames, innermost last.
+  /// Set at interpreter exit: the rank left its collectives; `pending` is what it was in before.
+  bool exiting = false;
 };
 
 /// Parses a reporter's record; an Error names what was wrong (a record is never trusted).
@@ -97,6 +99,8 @@ class CollectiveWatch {
   };
   /// Where `rank` is; a pending call other than `stalled` (when given) is named a mismatch.
   std::string state_of(int rank, const PendingCollective* stalled, Clock::time_point now) const;
+  /// Reaped, or its interpreter is exiting: in no collective, whatever its last call was.
+  bool gone(int rank) const;
 
   double timeout_s_;
   double interval_s_;

@@ -12,6 +12,10 @@ MASTER_ADDR:MASTER_PORT, through a client connection of its own) to one JSON rec
                   "backend": "gloo", "pending_s": 12.5}],
      "cpu_s": 40.21, "frames": ["train.py:41 in main", "_tensor.py:626 in backward"]}
 
+At interpreter exit it sets the last record again with "exiting": true (and the next n): the
+rank has left its collectives, and the call that record caught pending stays for the failure
+report, but is not read as a stall for as long as torch's teardown takes.
+
 n counts the records this process built. source says where completed and pending come from:
 
 - "flight_recorder" (torch >= 2.x): torch's in-process Flight Recorder, which also sees the
@@ -51,8 +55,9 @@ KEY_PREFIX = "mcprun/progress/"
 DUMP_REQUEST_KEY = "mcprun/flight_recorder/dump"
 # Bounds the store client's connect and each set: a slow store delays only this thread.
 STORE_TIMEOUT_S = 2.0
-# How long exit waits for the thread to close its store connection.
-EXIT_WAIT_S = 0.2
+# How long exit waits for the thread's exiting record and the close of its store connection: one
+# round trip to the store, which a loaded machine can stretch past a tenth of a second.
+EXIT_WAIT_S = 1.0
 MAX_PENDING = 4
 MAX_FRAMES = 6
 MAX_GROUP_RANKS = 64
@@ -98,6 +103,7 @@ class Reporter:
         self.stopped = threading.Event()
         self.store = None
         self.records = 0
+        self.last_record = None  # The last one the store took.
         self.dump_prefix = os.environ.get("TORCH_FR_DUMP_TEMP_FILE")
         self.dumped = False
         self.groups = Groups()
@@ -109,10 +115,8 @@ class Reporter:
         atexit.register(self.stop)
         try:
             while not self.stop_requested.wait(self.interval_s):
-                try:
-                    self.report()
-                except Exception as error:
-                    debug(f"no report this interval: {error!r}")
+                self.report_safely(self.report)
+            self.report_safely(self.report_exit)
         finally:
             self.store = None  # Closes the connection.
             self.stopped.set()
@@ -123,6 +127,19 @@ class Reporter:
             return
         self.stop_requested.set()
         self.stopped.wait(EXIT_WAIT_S)
+
+    def report_safely(self, report):
+        try:
+            report()
+        except Exception as error:
+            debug(f"no report this interval: {error!r}")
+
+    def report_exit(self):
+        if self.last_record is None or self.store is None:
+            return  # Nothing stale to replace, or no connection to replace it on.
+        self.records += 1
+        record = dict(self.last_record, n=self.records, exiting=True)
+        self.store.set(KEY_PREFIX + str(record["rank"]), json.dumps(record, separators=(",", ":")).encode())
 
     def report(self):
         dist = sys.modules.get("torch.distributed")
@@ -136,6 +153,7 @@ class Reporter:
         record = self.record(dist, int(rank))
         try:
             store.set(KEY_PREFIX + rank, json.dumps(record, separators=(",", ":")).encode())
+            self.last_record = record
             dump_requested = (record["source"] == "flight_recorder" and self.dump_prefix
                               and not self.dumped and store.check([DUMP_REQUEST_KEY]))
         except Exception:

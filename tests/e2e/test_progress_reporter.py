@@ -79,6 +79,13 @@ elif scenario == "destroy":
     dist.destroy_process_group()
     print("destroyed", flush=True)
     time.sleep(600)  # Evaluating alone, say.
+elif scenario == "exit_after_recv":
+    if rank == 0:
+        dist.recv(torch.zeros(2), src=1)  # Pending in the records until rank 1 sends.
+    else:
+        time.sleep(2.5 * float(os.environ["MCPRUN_PROGRESS_INTERVAL_S"]))
+        dist.send(torch.ones(2), dst=0)
+    print("received" if rank == 0 else "sent", flush=True)  # And exits, between two records.
 elif scenario == "recv":
     if rank == 0:
         dist.recv(torch.zeros(2), src=1)
@@ -268,6 +275,19 @@ class ProgressReporterTest(LauncherTestCase):
         later = self.later_record(0, 3)
         self.assertEqual(later["pending"], [])
         self.assertIn(" in <module>", later["frames"][-1])
+
+    def test_the_last_record_of_an_exiting_rank_says_so_and_keeps_its_call(self):
+        # Records every 2 s: rank 0 leaves its recv and exits between two of them, so only a
+        # record made at exit can tell mcprun that the recv it caught pending is no stall.
+        self.start_ranks("exit_after_recv", 2, MCPRUN_PROGRESS_INTERVAL_S="2")
+        caught = self.record(0, lambda record: record["pending"])
+        self.assertNotIn("exiting", caught)
+        self.assertEqual(self.procs[0].wait(timeout=DEADLINE_S), 0, self.output(0))
+        self.assertIn("received", self.output(0))
+        last = json.loads(self.store.get("mcprun/progress/0"))
+        self.assertIs(last.get("exiting"), True, last)
+        self.assertGreater(last["n"], caught["n"])
+        self.assertEqual([entry["op"] for entry in last["pending"]], ["recv"])
 
     def test_the_cpu_time_of_a_ranks_children_counts_as_its_own(self):
         self.start_ranks("busy_child", 1)
