@@ -529,7 +529,7 @@ std::optional<int> Launch::conclude(const AttemptResult& result, int attempt, in
       }
       spdlog::error("stopped this node's workers: {}", result.peer_reason);
       code_without_restart_ = result.peer_exit_code;
-      if (restart_count >= config_.max_restarts) return code_without_restart_;
+      if (restart_count >= config_.max_restarts || job_closed()) return code_without_restart_;
       spdlog::warn("restarting the worker group with the other nodes ({} of {} restarts)",
                    restart_count + 1, config_.max_restarts);
       return std::nullopt;
@@ -559,7 +559,7 @@ std::optional<int> Launch::conclude(const AttemptResult& result, int attempt, in
              stderr);
   name_nccl_logs(config_, result, run_dir_->attempt(attempt));
   code_without_restart_ = exit_code_for(root);
-  if (restart_count >= config_.max_restarts) {
+  if (restart_count >= config_.max_restarts || job_closed()) {
     serve_remaining_nodes(kFailurePassOnTimeout);
     return code_without_restart_;
   }
@@ -587,7 +587,7 @@ std::optional<int> Launch::conclude_stall(const AttemptResult& result, int attem
   spdlog::info("stall report saved to {}", report_file.string());
   name_nccl_logs(config_, result, run_dir_->attempt(attempt));
   code_without_restart_ = kExitStalled;
-  if (restart_count >= config_.max_restarts) {
+  if (restart_count >= config_.max_restarts || job_closed()) {
     serve_remaining_nodes(kFailurePassOnTimeout);
     return code_without_restart_;
   }
@@ -620,6 +620,15 @@ int Launch::cancelled_by_slurm() {
                 "every worker on {}; exit {}", host_, static_cast<int>(kExitSlurmCancelled));
   if (rendezvous_) rendezvous_->report_failure("Slurm cancelled the job on " + host_, kExitSlurmCancelled);
   return kExitSlurmCancelled;
+}
+
+bool Launch::job_closed() {
+  if (!rendezvous_) return false;
+  rendezvous_->await_failure_noted(kFailurePassOnTimeout);  // When this node's failure ended the round.
+  io_.poll();  // The word on a round another node ended came with that end.
+  if (!rendezvous_->job_closed()) return false;
+  spdlog::error("rendezvous: {}", *rendezvous_->job_closed());
+  return true;
 }
 
 void Launch::serve_remaining_nodes(std::chrono::seconds limit) {

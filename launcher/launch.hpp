@@ -63,6 +63,9 @@ class Launch {
   /// What an attempt's end means: the exit code, or nullopt to run the next attempt.
   std::optional<int> conclude(const AttemptResult& result, int attempt, int& restart_count);
   std::optional<int> conclude_stall(const AttemptResult& result, int attempt, int restart_count);
+  /// Whether the rendezvous said that this job cannot restart (another node finished), which
+  /// then says why.
+  bool job_closed();
   /// The host of an embedded rendezvous serves the others until their jobs are over too.
   void serve_remaining_nodes(std::chrono::seconds limit);
   /// Under Slurm, SIGTERM stopped the group: says so, tells the other nodes, kExitSlurmCancelled.

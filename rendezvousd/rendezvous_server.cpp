@@ -75,7 +75,13 @@ RendezvousServer::Job* RendezvousServer::job_of(const AgentSession& session) {
 
 bool RendezvousServer::job_finished(const std::string& job_id) const {
   auto it = jobs_.find(job_id);
-  return it != jobs_.end() && it->second.finished;
+  if (it == jobs_.end() || !it->second.finished) return false;
+  const Job& job = it->second;
+  if (!job.closed) return true;
+  // Nodes told that the job cannot restart decide on that word: it must reach them first.
+  return std::none_of(job.members.begin(), job.members.end(), [&](const auto& member) {
+    return !job.done_nodes.contains(member.first) && !member.second.expired();
+  });
 }
 
 ServerLoad RendezvousServer::load() const {
@@ -192,6 +198,8 @@ void RendezvousServer::handle_job_message(const std::shared_ptr<AgentSession>& s
                       {"exit_code", failed.exit_code}},
                 session->node);
       finish(session->job_id);
+      // After the round's end (and its "closed", if nobody can restart): the node may decide.
+      session->send({{"type", "noted"}});
     });
   }
   if (type == "stall") {
@@ -228,28 +236,16 @@ void RendezvousServer::handle_job_message(const std::shared_ptr<AgentSession>& s
   session->refuse("unknown message type '" + type + "'");
 }
 
-void RendezvousServer::handle_late_done(const AgentSession& session) {
-  auto it = jobs_.find(session.job_id);
-  if (it == jobs_.end() || !it->second.restart_round || it->second.running) return;
-  Job& job = it->second;
-  job.done_nodes.insert(session.node);
-  if (job.finished) return;
-  for (auto& [name, member] : job.members)
-    if (auto waiting = member.lock()) refuse_restart(*waiting, session.job_id, job.done_nodes);
-  finish(session.job_id);
-}
+namespace {
 
-void RendezvousServer::refuse_restart(AgentSession& session, const std::string& job_id,
-                                      const std::set<std::string>& done_nodes) {
+/// "closed": the job cannot restart, because `done_nodes` finished and a restart needs every node.
+nlohmann::json closed_notice(const std::string& job_id, const std::set<std::string>& done_nodes) {
   std::string names;
   for (const auto& name : done_nodes) names += (names.empty() ? "" : ", ") + name;
-  const std::string reason = "job " + job_id + " cannot restart: node(s) " + names +
-                             " finished with every worker's success, and a restart needs every node";
-  spdlog::warn("{}: {}", session.peer(), reason);
-  session.reply_and_close({{"type", "closed"}, {"message", reason}});
+  return {{"type", "closed"},
+          {"message", "job " + job_id + " cannot restart: node(s) " + names +
+                          " finished with every worker's success, and a restart needs every node"}};
 }
-
-namespace {
 
 /// What a join (or a rejoin) asks for.
 struct JoinRequest {
@@ -288,6 +284,21 @@ Expected<JoinRequest> join_request(const AgentSession& session, const JoinMessag
 }
 
 }  // namespace
+
+void RendezvousServer::handle_late_done(const AgentSession& session) {
+  auto it = jobs_.find(session.job_id);
+  if (it == jobs_.end() || !it->second.restart_round || it->second.running) return;
+  Job& job = it->second;
+  job.done_nodes.insert(session.node);
+  if (!job.finished) finish(session.job_id);  // Which tells the round's nodes the job is closed.
+}
+
+void RendezvousServer::refuse_restart(AgentSession& session, const std::string& job_id,
+                                      const std::set<std::string>& done_nodes) {
+  const nlohmann::json closed = closed_notice(job_id, done_nodes);
+  spdlog::warn("{}: {}", session.peer(), closed["message"].get<std::string>());
+  session.reply_and_close(closed);
+}
 
 void RendezvousServer::handle_join(const std::shared_ptr<AgentSession>& session,
                                    const JoinMessage& message) {
@@ -536,9 +547,18 @@ void RendezvousServer::broadcast(Job& job, const nlohmann::json& message,
 void RendezvousServer::finish(const std::string& job_id) {
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return;
-  it->second.finished = true;
-  it->second.finished_at = Clock::now();
-  it->second.deadline->cancel();
+  Job& job = it->second;
+  // Ended by a failure, a stall or a lost node after some nodes finished: nobody can restart.
+  const bool unfinished_members = std::any_of(job.members.begin(), job.members.end(), [&](const auto& member) {
+    return !job.done_nodes.contains(member.first);
+  });
+  if (!job.finished && !job.done_nodes.empty() && unfinished_members) {
+    broadcast(job, closed_notice(job_id, job.done_nodes));
+    job.closed = true;
+  }
+  job.finished = true;
+  job.finished_at = Clock::now();
+  job.deadline->cancel();
   forget_old_jobs();
 }
 

@@ -81,7 +81,8 @@ class RendezvousServer {
   boost::asio::ip::tcp::endpoint local_endpoint() const { return acceptor_.local_endpoint(); }
   /// Stops accepting and closes every session, telling no agent anything: running jobs keep going.
   void stop();
-  /// Whether job `job_id` exists and has ended (all nodes done, failed, lost or timed out).
+  /// Whether job `job_id` exists and has ended (all nodes done, failed, lost or timed out), and
+  /// when it cannot restart, its unfinished nodes have heard so and left.
   bool job_finished(const std::string& job_id) const;
 
   // Called by sessions.
@@ -103,6 +104,7 @@ class RendezvousServer {
     std::map<std::string, std::weak_ptr<AgentSession>> members;  ///< node name -> session.
     std::set<std::string> done_nodes;  ///< Nodes whose workers all succeeded.
     bool restart_round = false;        ///< Opened by a node re-joining after a failure.
+    bool closed = false;               ///< It ended with nodes done and others told it cannot restart.
     uint64_t generation = 0;           ///< Tells a restarted job from the round it replaced.
     int world_size = 0;                ///< Of the running round.
     int expected_nodes = 0;            ///< Nodes of the running round.

@@ -118,7 +118,7 @@ Expected<Assignment> RendezvousClient::join(nlohmann::json join, std::chrono::mi
   if (type == "error" || type == "closed") {
     auto refused = parse_text(*reply);
     if (!refused) return Error{"rendezvous: malformed " + refused.error().message};
-    job_closed_ = type == "closed";
+    if (type == "closed") job_closed_ = refused->message;
     return Error{"rendezvous: " + refused->message};
   }
   if (type != "assignment") return Error{"rendezvous: unexpected reply '" + type + "'"};
@@ -193,6 +193,12 @@ void RendezvousClient::watch(PeerEvents events) {
         stop_once({"node " + node + " joins the job; re-forming the round", kExitRendezvous, true});
       else
         stop_once({node + " was lost (it stopped answering)", kExitRendezvous});
+    } else if (type == "noted") {
+      failure_noted_ = true;
+    } else if (type == "closed") {
+      auto parsed = parse_text(message);
+      if (!parsed) return ignore_malformed(parsed.error().message);
+      job_closed_ = parsed->message;
     } else if (type == "stall" && events.on_stall) {
       auto parsed = parse_stall(message);
       if (!parsed) return ignore_malformed(parsed.error().message);
@@ -224,7 +230,12 @@ void RendezvousClient::ignore_malformed(const std::string& reason) const {
 
 void RendezvousClient::report_failure(const std::string& reason, int exit_code) {
   send({{"type", "failed"}, {"reason", reason}, {"exit_code", exit_code}});
+  failure_reported_ = true;
   flush(kReportFlushTimeout);
+}
+
+void RendezvousClient::await_failure_noted(std::chrono::milliseconds limit) {
+  if (failure_reported_) run_until(io_, [&] { return failure_noted_ || closed_; }, limit);
 }
 
 void RendezvousClient::report_done() {

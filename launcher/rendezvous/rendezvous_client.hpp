@@ -79,12 +79,16 @@ class RendezvousClient {
   void send(const nlohmann::json& message);
   /// Tells every other node to stop; `exit_code` is what they should exit with.
   void report_failure(const std::string& reason, int exit_code);
+  /// Waits up to `limit` for the rendezvous to answer report_failure(), after which job_closed()
+  /// says whether the job can restart.
+  void await_failure_noted(std::chrono::milliseconds limit);
   /// Tells the rendezvous this node finished cleanly.
   void report_done();
   /// The local address of the connection: the one this node reaches the rendezvous from.
   std::string local_address() const;
-  /// Whether join() was refused because the job cannot restart: another node already finished.
-  bool job_closed() const { return job_closed_; }
+  /// Why the job cannot restart, once the rendezvous said so (another node already finished):
+  /// in answer to a join, or when the round ended.
+  const std::optional<std::string>& job_closed() const { return job_closed_; }
 
  private:
   class Connection;
@@ -123,7 +127,8 @@ class RendezvousClient {
   std::function<void(const nlohmann::json&)> on_message_;
   std::vector<nlohmann::json> early_;  ///< Arrived after the assignment, before watch().
   bool closed_ = false;
-  bool job_closed_ = false;
+  std::optional<std::string> job_closed_;
+  bool failure_reported_ = false, failure_noted_ = false;
   bool heartbeating_ = false;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  ///< False once destroyed.
   std::chrono::milliseconds heartbeat_interval_ = kDefaultHeartbeatInterval;

@@ -314,6 +314,25 @@ class Rendezvous(RendezvousTestCase):
         self.assertEqual(code, 7, err + self.read_log())
         self.assertIn(self.finish([finished])[0][0], (0, 7))
 
+    def test_without_a_daemon_a_failure_after_the_host_finished_ends_the_job_without_a_restart(self):
+        # The finished node hosts the rendezvous and leaves with the round's end: the failing
+        # node learns from that end that the job is closed, not from a restart join nobody hears.
+        port = reserve_port(self)
+        self.endpoint = f"127.0.0.1:{port}"
+        host = self.agent("n0", "--max-restarts", "1", nnodes="2", nproc="1", extra_env=self.FINISH_OR_FAIL)
+        self.assertTrue(wait_for(lambda: host.poll() is not None or self.port_open(port), 10))
+        failing = self.agent("n1", "--max-restarts", "1", "--rdzv-conf", "is_host=false", nnodes="2",
+                             nproc="1", extra_env=self.FINISH_OR_FAIL)
+        self.assertEqual((self.agent_pid(0), self.agent_pid(1)), (host.pid, failing.pid))
+        self.touch("release0")
+        self.assertTrue(wait_for(lambda: not alive(int(open(os.path.join(self.tmp, "pid.0")).read())), 30))
+        self.touch("go")
+        results = self.finish([failing, host], timeout=30)
+        self.assertEqual([code for code, _, _ in results], [7, 0], results[0][2])
+        self.assertRegex(results[0][2], r"cannot restart: node\(s\) n0 finished with every worker's success")
+        with open(os.path.join(self.tmp, "attempts.1")) as f:
+            self.assertEqual(f.read(), "0\n", "a worker was restarted")
+
     def test_local_agents_over_the_unix_socket(self):
         path = os.path.join(self.tmp, "rendezvousd.sock")
         log = open(os.path.join(self.tmp, "unix.log"), "w")
