@@ -35,7 +35,7 @@ std::vector<Case> cases() {
                      {"nproc", 2}, {"master_port", 29500}, {"node_rank", -1},
                      {"labels", {{"rack", "r1"}}}, {"gpus", json::array({{{"bus_id", "0:1"}}})},
                      {"min_nodes", 1}, {"max_nodes", 2}, {"join_timeout_s", 120.0},
-                     {"last_call_timeout_s", 5.0}, {"token", "t"}};
+                     {"last_call_timeout_s", 5.0}, {"token", "t"}, {"restart_count", 2}};
   json rejoin = join;
   rejoin["type"] = "rejoin";
   rejoin["assignment"] = {{"group_rank", 0}, {"group_world_size", 2}, {"world_size", 4},
@@ -165,6 +165,9 @@ TEST(Messages, NumbersOutsideTheirRangeAreRefused) {
   EXPECT_FALSE(parse_lease_request({{"gpus", -1}}));
   EXPECT_FALSE(parse_lease_request({{"wait_s", 1e300}}));
   EXPECT_FALSE(parse_failed({{"exit_code", 300}}));
+  join = cases()[0].valid;
+  join["restart_count"] = -1;
+  EXPECT_NE(parse_join(join).error().message.find("\"restart_count\" must be between 0"), std::string::npos);
 }
 
 TEST(Messages, ParsedFieldsCarryTheirValues) {
@@ -175,6 +178,10 @@ TEST(Messages, ParsedFieldsCarryTheirValues) {
   EXPECT_EQ(join.labels.at("rack"), "r1");
   ASSERT_TRUE(join.assignment);
   EXPECT_EQ(join.assignment->world_size, 4);
+  EXPECT_EQ(join.restart_count, 2);
+  json first_join = cases()[0].valid;
+  first_join.erase("restart_count");
+  EXPECT_EQ(parse_join(first_join)->restart_count, 0);
   auto lease = *parse_lease_request(cases()[2].valid);
   ASSERT_TRUE(lease.held);
   EXPECT_EQ(lease.held->port, 29500);

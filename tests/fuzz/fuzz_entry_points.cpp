@@ -75,7 +75,8 @@ const std::vector<json>& real_messages() {
   static const std::vector<json> messages = {
       {{"type", "join"}, {"job", "j"}, {"node", "a"}, {"nproc", 2}, {"master_port", 29500},
        {"node_rank", -1}, {"labels", {{"rack", "r1"}}}, {"gpus", json::array()}, {"min_nodes", 1},
-       {"max_nodes", 2}, {"join_timeout_s", 120.0}, {"last_call_timeout_s", 5.0}, {"token", "t"}},
+       {"max_nodes", 2}, {"join_timeout_s", 120.0}, {"last_call_timeout_s", 5.0}, {"token", "t"},
+       {"restart_count", 1}},
       {{"type", "rejoin"}, {"job", "j"}, {"node", "a"}, {"nproc", 2}, {"min_nodes", 1}, {"max_nodes", 2},
        {"assignment", {{"group_rank", 0}, {"group_world_size", 1}, {"world_size", 2},
                        {"rank_offset", 0}, {"master_addr", "h"}, {"master_port", 1}}}},
@@ -88,6 +89,7 @@ const std::vector<json>& real_messages() {
       {{"type", "progress"}, {"joined", 1}, {"min_nodes", 1}, {"max_nodes", 2}, {"names", {"a"}}, {"remaining_s", 1.0}},
       {{"type", "lease"}, {"gpus", {"0:1"}}, {"port", 29500}, {"heartbeat_interval_ms", 5000}},
       {{"type", "hello"}, {"rank", 0}, {"pid", 1}},
+      {{"type", "closed"}, {"message", "job j cannot restart"}},
       {{"type", "jobs"}, {"jobs", {{{"id", "x"}, {"nodes", 1}, {"age_s", 1.0}}}}},
       {{"type", "status"}, {"job", {{"id", "x"}, {"placement", {{{"node", "a"}}}}, {"members", {{{"node", "a"}}}}}}},
   };
