@@ -130,21 +130,30 @@ class CapturedLog {
   std::ostringstream text_;
 };
 
-TEST(RankOutput, ALogThatCannotBeWrittenIsSaidOnceAndTheConsoleKeepsTheOutput) {
-  CapturedLog said;
+/// A rank whose log is /dev/full, where every write fails with ENOSPC, as on a full disk under
+/// --log-dir; its console output goes to `out`.
+struct RankLoggingToAFullDisk {
   boost::asio::io_context io;
   PipeConsole out, err;
-  Console out_console(out.write_end.get()), err_console(err.write_end.get());
-  // /dev/full: every write fails with ENOSPC, as on a full disk under --log-dir.
-  RankOutput rank(io, "", {.to_console = true, .log_file = "/dev/full"}, {}, out_console, err_console);
-  rank.start();
+  Console out_console{out.write_end.get()}, err_console{err.write_end.get()};
+  RankOutput rank{io, "", {.to_console = true, .log_file = "/dev/full"}, {}, out_console, err_console};
+
+  RankLoggingToAFullDisk() { rank.start(); }
+  void close() {
+    rank.close_child_ends();
+    run_until(io, [&] { return rank.drained(); }, std::chrono::seconds(1));
+  }
+};
+
+TEST(RankOutput, ALogThatCannotBeWrittenIsSaidOnceAndTheConsoleKeepsTheOutput) {
+  CapturedLog said;
+  RankLoggingToAFullDisk full;
   const std::string line(10000, 'x');  // Past stdio's buffer: the write itself fails.
-  write_to(rank.child_stdout(), line + "\n");
-  EXPECT_EQ(read_console(io, out, line.size() + 1), line + "\n");
-  write_to(rank.child_stdout(), "more\n");
-  EXPECT_EQ(read_console(io, out, 5), "more\n");
-  rank.close_child_ends();
-  run_until(io, [&] { return rank.drained(); }, std::chrono::seconds(1));
+  write_to(full.rank.child_stdout(), line + "\n");
+  EXPECT_EQ(read_console(full.io, full.out, line.size() + 1), line + "\n");
+  write_to(full.rank.child_stdout(), "more\n");
+  EXPECT_EQ(read_console(full.io, full.out, 5), "more\n");
+  full.close();
   const std::string text = said.text();
   EXPECT_NE(text.find("cannot write /dev/full: No space left on device"), std::string::npos) << text;
   EXPECT_EQ(text.find("cannot write"), text.rfind("cannot write")) << "said once: " << text;
@@ -153,15 +162,10 @@ TEST(RankOutput, ALogThatCannotBeWrittenIsSaidOnceAndTheConsoleKeepsTheOutput) {
 TEST(RankOutput, ABufferedLogThatCannotBeWrittenIsSaidWhenItCloses) {
   CapturedLog said;
   {
-    boost::asio::io_context io;
-    PipeConsole out, err;
-    Console out_console(out.write_end.get()), err_console(err.write_end.get());
-    RankOutput rank(io, "", {.to_console = true, .log_file = "/dev/full"}, {}, out_console, err_console);
-    rank.start();
-    write_to(rank.child_stdout(), "short\n");  // Within stdio's buffer: fails when flushed.
-    EXPECT_EQ(read_console(io, out, 6), "short\n");
-    rank.close_child_ends();
-    run_until(io, [&] { return rank.drained(); }, std::chrono::seconds(1));
+    RankLoggingToAFullDisk full;
+    write_to(full.rank.child_stdout(), "short\n");  // Within stdio's buffer: fails when flushed.
+    EXPECT_EQ(read_console(full.io, full.out, 6), "short\n");
+    full.close();
   }
   EXPECT_NE(said.text().find("cannot write /dev/full: No space left on device; that log is incomplete"),
             std::string::npos) << said.text();
