@@ -14,7 +14,9 @@ MASTER_ADDR:MASTER_PORT, through a client connection of its own) to one JSON rec
 
 At interpreter exit it sets the last record again with "exiting": true (and the next n): the
 rank has left its collectives, and the call that record caught pending stays for the failure
-report, but is not read as a stall for as long as torch's teardown takes.
+report, but is not read as a stall for as long as torch's teardown takes. Exit waits for that
+record at most EXIT_WAIT_S, then for a report in progress at most REPORT_WAIT_S, and the thread
+makes no torch call after (see Reporter.stop).
 
 n counts the records this process built. source says where completed and pending come from:
 
@@ -58,6 +60,10 @@ STORE_TIMEOUT_S = 2.0
 # How long exit waits for the thread's exiting record and the close of its store connection: one
 # round trip to the store, which a loaded machine can stretch past a tenth of a second.
 EXIT_WAIT_S = 1.0
+# How long exit then waits for a report the thread is still in: its four store steps (a plain
+# connect, torch's client, a set, a check) at STORE_TIMEOUT_S each. torch 2.x's client waits
+# without bound for the answer of a store that stopped answering; exit goes on without it.
+REPORT_WAIT_S = 4 * STORE_TIMEOUT_S
 MAX_PENDING = 4
 MAX_FRAMES = 6
 MAX_GROUP_RANKS = 64
@@ -101,6 +107,8 @@ class Reporter:
         self.owner_pid = os.getpid()
         self.stop_requested = threading.Event()
         self.stopped = threading.Event()
+        self.reporting = threading.Lock()  # Held through each report: see stop().
+        self.abandoned = False
         self.store = None
         self.records = 0
         self.last_record = None  # The last one the store took.
@@ -117,22 +125,41 @@ class Reporter:
             while not self.stop_requested.wait(self.interval_s):
                 self.report_safely(self.report)
             self.report_safely(self.report_exit)
+            self.report_safely(self.close)
         finally:
-            self.store = None  # Closes the connection.
             self.stopped.set()
 
     def stop(self):
+        """The exit handler: the exiting record if the thread is quick enough, and in any case
+        no torch call of the thread's once the interpreter finalises. Python ends a thread that
+        comes back from torch's C++ then with pthread_exit, which unwinds into pybind11's
+        noexcept frames and aborts the whole process ("terminate called without an active
+        exception"), so a late thread is waited for between reports and then kept out."""
         # A forked child inherits this exit handler but not the thread it would wait for.
         if os.getpid() != self.owner_pid:
             return
         self.stop_requested.set()
-        self.stopped.wait(EXIT_WAIT_S)
+        if self.stopped.wait(EXIT_WAIT_S):
+            return
+        in_time = self.reporting.acquire(timeout=REPORT_WAIT_S)
+        self.abandoned = True
+        if in_time:
+            self.reporting.release()
+        else:
+            debug(f"exiting with the reporter in a store call for over {REPORT_WAIT_S} s")
 
     def report_safely(self, report):
-        try:
-            report()
-        except Exception as error:
-            debug(f"no report this interval: {error!r}")
+        """Runs `report`, a step that calls torch, unless exit has abandoned the thread."""
+        with self.reporting:
+            if self.abandoned:
+                return
+            try:
+                report()
+            except Exception as error:
+                debug(f"no report this interval: {error!r}")
+
+    def close(self):
+        self.store = None  # Closes the connection.
 
     def report_exit(self):
         if self.last_record is None or self.store is None:
@@ -148,13 +175,15 @@ class Reporter:
         if dist is None or rank is None or not (self.records or dist.is_initialized()):
             return
         store = self.connected_store(dist)
-        if store is None:
+        # Once exit waits, no store call but the exiting record.
+        if store is None or self.stop_requested.is_set():
             return
         record = self.record(dist, int(rank))
         try:
             store.set(KEY_PREFIX + rank, json.dumps(record, separators=(",", ":")).encode())
             self.last_record = record
-            dump_requested = (record["source"] == "flight_recorder" and self.dump_prefix
+            dump_requested = (not self.stop_requested.is_set()
+                              and record["source"] == "flight_recorder" and self.dump_prefix
                               and not self.dumped and store.check([DUMP_REQUEST_KEY]))
         except Exception:
             self.store = None  # Reconnects next interval.
@@ -173,6 +202,8 @@ class Reporter:
                 socket.create_connection((host, int(port)), timeout=STORE_TIMEOUT_S).close()
             except OSError:
                 return None
+            if self.stop_requested.is_set():
+                return None  # No new connection once exit waits.
             self.store = dist.TCPStore(host, int(port), None, False,
                                        datetime.timedelta(seconds=STORE_TIMEOUT_S),
                                        wait_for_workers=False)

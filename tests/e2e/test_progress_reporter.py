@@ -5,6 +5,7 @@ import datetime
 import json
 import os
 import pickle
+import signal
 import subprocess
 import time
 import unittest
@@ -16,6 +17,8 @@ from harness import PYTHON, REPO, TORCH2, LauncherTestCase, reserve_port, wait_f
 INTERVAL_S = 0.2
 DEADLINE_S = 45  # For the first records: three torch imports at once on a busy 2-core machine.
 RECORD_LIMIT_BYTES = 4096
+# Past the reporter's exit wait for its exiting record (1 s), within its wait for a report.
+STORE_STALL_S = 2.0
 
 # Every rank records its pid, then does what $SCENARIO says; none knows about the reporter.
 WORKER = r'''
@@ -90,10 +93,43 @@ elif scenario == "recv":
     if rank == 0:
         dist.recv(torch.zeros(2), src=1)
     time.sleep(600)  # Rank 1 never sends.
+elif scenario == "slow_teardown":
+    class BigModel:  # Freed as the interpreter finalises, slowly, after its atexit handlers.
+        def __del__(self, sleep=time.sleep):
+            sleep(3)
+    model = BigModel()
+    print("initialised", flush=True)
+    exit_request = os.path.join(os.environ["MCPRUN_TEST_DIR"], "exit")
+    for _ in range(600):
+        if os.path.exists(exit_request):
+            break
+        time.sleep(0.05)
+    print("exiting", flush=True)
 elif scenario in ("busy_child", "own_store"):
     print("initialised", flush=True)
     time.sleep(600)
 '''
+
+# A job store in a process of its own, which a test can stop and continue.
+STORE_SERVER = r'''
+import datetime, time
+import torch.distributed as dist
+store = dist.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=60), wait_for_workers=False)
+print(store.port, flush=True)
+time.sleep(600)
+'''
+
+
+def unread_bytes(port):
+    """Bytes waiting in the receive queues of the established connections to local `port`."""
+    total = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as rows:
+            for row in rows.readlines()[1:]:
+                local, state, queues = row.split()[1], row.split()[3], row.split()[4]
+                if int(local.rsplit(":", 1)[1], 16) == port and state == "01":
+                    total += int(queues.split(":")[1], 16)
+    return total
 
 
 class ProgressReporterTest(LauncherTestCase):
@@ -288,6 +324,31 @@ class ProgressReporterTest(LauncherTestCase):
         self.assertIs(last.get("exiting"), True, last)
         self.assertGreater(last["n"], caught["n"])
         self.assertEqual([entry["op"] for entry in last["pending"]], ["recv"])
+
+    def test_a_rank_exits_cleanly_while_its_reporter_waits_on_a_stalled_store(self):
+        # The store stops answering as the reporter sends a record (on torch 2.x it then waits
+        # for the answer to its dump check); the rank exits, freeing a big model slowly, and the
+        # store answers again STORE_STALL_S later, with the interpreter finalising. The thread
+        # must not come back from torch's store client then: the process would abort.
+        server = subprocess.Popen([PYTHON, "-c", STORE_SERVER], stdout=subprocess.PIPE, text=True,
+                                  start_new_session=True)
+        self.procs.append(server)
+        port = int(server.stdout.readline())
+        self.store = dist.TCPStore("127.0.0.1", port, None, False,
+                                   datetime.timedelta(seconds=DEADLINE_S), wait_for_workers=False)
+        self.start_ranks("slow_teardown", 1, MASTER_PORT=str(port),
+                         TORCH_FR_DUMP_TEMP_FILE=os.path.join(self.tmp, "fr_"))
+        source = "flight_recorder" if TORCH2 else "stack"  # 2.x: each record asks for a dump.
+        self.record(0, lambda record: record["source"] == source)
+        os.kill(server.pid, signal.SIGSTOP)
+        self.assertTrue(wait_for(lambda: unread_bytes(port) > 0, DEADLINE_S))
+        open(os.path.join(self.tmp, "exit"), "w").close()
+        self.assertTrue(wait_for(lambda: "exiting" in self.output(0), DEADLINE_S), self.output(0))
+        time.sleep(STORE_STALL_S)
+        os.kill(server.pid, signal.SIGCONT)
+        code = self.procs[1].wait(timeout=DEADLINE_S)
+        self.assertNotIn("terminate called", self.output(0))
+        self.assertEqual(code, 0, self.output(0))
 
     def test_the_cpu_time_of_a_ranks_children_counts_as_its_own(self):
         self.start_ranks("busy_child", 1)
