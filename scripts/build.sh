@@ -4,5 +4,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir=${BUILD_DIR:-build}
-cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-RelWithDebInfo}" -DMCPRUN_WERROR=ON "$@" >/dev/null
+# Through ccache where it is installed, so that the wheel's build (tests/e2e/test_wheel.py), whose
+# compile lines are these in another folder, reuses these objects: the folder stays out of the hash.
+launcher=()
+if command -v ccache >/dev/null; then
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  export CCACHE_NOHASHDIR=1 CCACHE_BASEDIR=
+fi
+cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-RelWithDebInfo}" -DMCPRUN_WERROR=ON \
+  "${launcher[@]}" "$@" >/dev/null
 cmake --build "$build_dir" -j "$(nproc)"
