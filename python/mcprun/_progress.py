@@ -151,7 +151,10 @@ class Reporter:
     def report_safely(self, report):
         """Runs `report`, a step that calls torch, unless exit has abandoned the thread."""
         with self.reporting:
-            if self.abandoned:
+            # The main thread ends before the exit handlers run: one registered too late to run
+            # (the thread started as the program ended) leaves no stop() to wait for the thread.
+            if self.abandoned or not (self.stop_requested.is_set()
+                                      or threading.main_thread().is_alive()):
                 return
             try:
                 report()
