@@ -39,7 +39,31 @@ def _torch_distributed_imported():
             and "threading" in sys.modules)
 
 
-def _wait_then_report(main_thread_id, interval_s):
+class _ExitHandoff:
+    """Gives the interpreter's exit to the reporter, however late its thread makes it: the exit
+    handler is registered at start, so it runs even when the program ends as the thread begins."""
+
+    def __init__(self, allocate_lock):
+        self.lock = allocate_lock()
+        self.exiting = False
+        self.reporter = None
+
+    def adopt(self, reporter):
+        """From the thread: False once exit has begun, when the reporter must not start."""
+        with self.lock:
+            if not self.exiting:
+                self.reporter = reporter
+            return not self.exiting
+
+    def exit(self):
+        with self.lock:
+            self.exiting = True
+            reporter = self.reporter
+        if reporter is not None:
+            reporter.stop()
+
+
+def _wait_then_report(main_thread_id, interval_s, handoff):
     """The reporter thread: idles on a dictionary lookup until the program has imported
     torch.distributed, then reports until the interpreter exits."""
     import time
@@ -47,7 +71,7 @@ def _wait_then_report(main_thread_id, interval_s):
         while not _torch_distributed_imported():
             time.sleep(interval_s)
         from mcprun import _progress
-        _progress.run(main_thread_id, interval_s)
+        _progress.run(main_thread_id, interval_s, handoff.adopt)
     except Exception as error:
         _debug(f"reporter stopped: {error!r}")
 
@@ -58,7 +82,10 @@ def _start_collective_watch():
             # Read by torch when the first process group records a collective, long after this.
             os.environ["TORCH_FR_BUFFER_SIZE"] = _FLIGHT_RECORDER_ENTRIES
         import _thread
-        _thread.start_new_thread(_wait_then_report, (_thread.get_ident(), _interval_s()))
+        import atexit  # Built in, like _thread: nothing to load.
+        handoff = _ExitHandoff(_thread.allocate_lock)
+        atexit.register(handoff.exit)
+        _thread.start_new_thread(_wait_then_report, (_thread.get_ident(), _interval_s(), handoff))
     except Exception as error:
         _debug(f"reporter not started: {error!r}")
 

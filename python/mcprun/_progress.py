@@ -42,7 +42,6 @@ Once mcprun sets `mcprun/flight_recorder/dump` (on a stall), each reporter with 
 writes its dump once, in the pickle torch's analyzer reads, to $TORCH_FR_DUMP_TEMP_FILE<RANK>.
 """
 
-import atexit
 import datetime
 import json
 import os
@@ -89,9 +88,12 @@ def debug(message):
         sys.stderr.write(f"mcprun progress: {message}\n")
 
 
-def run(main_thread_id, interval_s):
-    """Reports until the interpreter exits; the body of the thread sitecustomize starts."""
-    Reporter(main_thread_id, interval_s).run()
+def run(main_thread_id, interval_s, adopt):
+    """Reports until the interpreter exits; the body of the thread sitecustomize starts.
+    `adopt(reporter)` hands the reporter to the exit handler, False once exit has begun."""
+    reporter = Reporter(main_thread_id, interval_s)
+    if adopt(reporter):
+        reporter.run()
 
 
 def clip(text):
@@ -120,7 +122,6 @@ class Reporter:
         self.cpu = CpuClock()
 
     def run(self):
-        atexit.register(self.stop)
         try:
             while not self.stop_requested.wait(self.interval_s):
                 self.report_safely(self.report)
@@ -130,11 +131,12 @@ class Reporter:
             self.stopped.set()
 
     def stop(self):
-        """The exit handler: the exiting record if the thread is quick enough, and in any case
-        no torch call of the thread's once the interpreter finalises. Python ends a thread that
-        comes back from torch's C++ then with pthread_exit, which unwinds into pybind11's
-        noexcept frames and aborts the whole process ("terminate called without an active
-        exception"), so a late thread is waited for between reports and then kept out."""
+        """At exit, from sitecustomize's handler: the exiting record if the thread is quick
+        enough, and in any case no torch call of the thread's once the interpreter finalises.
+        Python ends a thread that comes back from torch's C++ then with pthread_exit, which
+        unwinds into pybind11's noexcept frames and aborts the whole process ("terminate called
+        without an active exception"), so a late thread is waited for between reports and then
+        kept out."""
         # A forked child inherits this exit handler but not the thread it would wait for.
         if os.getpid() != self.owner_pid:
             return
@@ -151,10 +153,7 @@ class Reporter:
     def report_safely(self, report):
         """Runs `report`, a step that calls torch, unless exit has abandoned the thread."""
         with self.reporting:
-            # The main thread ends before the exit handlers run: one registered too late to run
-            # (the thread started as the program ended) leaves no stop() to wait for the thread.
-            if self.abandoned or not (self.stop_requested.is_set()
-                                      or threading.main_thread().is_alive()):
+            if self.abandoned:
                 return
             try:
                 report()

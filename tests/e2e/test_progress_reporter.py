@@ -93,18 +93,26 @@ elif scenario == "recv":
     if rank == 0:
         dist.recv(torch.zeros(2), src=1)
     time.sleep(600)  # Rank 1 never sends.
-elif scenario == "slow_teardown":
+elif scenario in ("slow_teardown", "exit_handler_waits"):
     class BigModel:  # Freed as the interpreter finalises, slowly, after its atexit handlers.
         def __del__(self, sleep=time.sleep):
             sleep(3)
     model = BigModel()
+
+    def exit_when_asked():
+        exit_request = os.path.join(os.environ["MCPRUN_TEST_DIR"], "exit")
+        for _ in range(600):
+            if os.path.exists(exit_request):
+                break
+            time.sleep(0.05)
+        print("exiting", flush=True)
+
     print("initialised", flush=True)
-    exit_request = os.path.join(os.environ["MCPRUN_TEST_DIR"], "exit")
-    for _ in range(600):
-        if os.path.exists(exit_request):
-            break
-        time.sleep(0.05)
-    print("exiting", flush=True)
+    if scenario == "exit_handler_waits":  # The program ends at once; its exit handler waits.
+        import atexit
+        atexit.register(exit_when_asked)
+    else:
+        exit_when_asked()
 elif scenario in ("busy_child", "own_store"):
     print("initialised", flush=True)
     time.sleep(600)
@@ -325,19 +333,20 @@ class ProgressReporterTest(LauncherTestCase):
         self.assertGreater(last["n"], caught["n"])
         self.assertEqual([entry["op"] for entry in last["pending"]], ["recv"])
 
-    def test_a_rank_exits_cleanly_while_its_reporter_waits_on_a_stalled_store(self):
-        # The store stops answering as the reporter sends a record (on torch 2.x it then waits
-        # for the answer to its dump check); the rank exits, freeing a big model slowly, and the
-        # store answers again STORE_STALL_S later, with the interpreter finalising. The thread
-        # must not come back from torch's store client then: the process would abort.
+    def exit_with_the_store_stalled(self, scenario, **env):
+        """Stops the job store (SIGSTOP) once the rank's reporter has sent it a record (on torch
+        2.x it then waits for the answer to its dump check), lets the rank exit, freeing a big
+        model slowly, and has the store answer again STORE_STALL_S later, with the interpreter
+        finalising. The thread must not come back from torch's store client then: the process
+        would abort."""
         server = subprocess.Popen([PYTHON, "-c", STORE_SERVER], stdout=subprocess.PIPE, text=True,
                                   start_new_session=True)
         self.procs.append(server)
         port = int(server.stdout.readline())
         self.store = dist.TCPStore("127.0.0.1", port, None, False,
                                    datetime.timedelta(seconds=DEADLINE_S), wait_for_workers=False)
-        self.start_ranks("slow_teardown", 1, MASTER_PORT=str(port),
-                         TORCH_FR_DUMP_TEMP_FILE=os.path.join(self.tmp, "fr_"))
+        self.start_ranks(scenario, 1, MASTER_PORT=str(port),
+                         TORCH_FR_DUMP_TEMP_FILE=os.path.join(self.tmp, "fr_"), **env)
         source = "flight_recorder" if TORCH2 else "stack"  # 2.x: each record asks for a dump.
         self.record(0, lambda record: record["source"] == source)
         os.kill(server.pid, signal.SIGSTOP)
@@ -349,6 +358,14 @@ class ProgressReporterTest(LauncherTestCase):
         code = self.procs[1].wait(timeout=DEADLINE_S)
         self.assertNotIn("terminate called", self.output(0))
         self.assertEqual(code, 0, self.output(0))
+
+    def test_a_rank_exits_cleanly_while_its_reporter_waits_on_a_stalled_store(self):
+        self.exit_with_the_store_stalled("slow_teardown")
+
+    def test_a_reporter_that_starts_as_the_program_ends_is_still_waited_for_at_exit(self):
+        # The program ends before the reporter's thread, which looks for torch.distributed every
+        # 2 s, has begun; the thread reports while the program's own exit handler runs.
+        self.exit_with_the_store_stalled("exit_handler_waits", MCPRUN_PROGRESS_INTERVAL_S="2")
 
     def test_the_cpu_time_of_a_ranks_children_counts_as_its_own(self):
         self.start_ranks("busy_child", 1)
