@@ -134,7 +134,7 @@ def unread_bytes(port):
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         with open(table) as rows:
             for row in rows.readlines()[1:]:
-                local, state, queues = row.split()[1], row.split()[3], row.split()[4]
+                _, local, _, state, queues = row.split()[:5]
                 if int(local.rsplit(":", 1)[1], 16) == port and state == "01":
                     total += int(queues.split(":")[1], 16)
     return total
