@@ -18,7 +18,7 @@ double seconds_between(Clock::time_point from, Clock::time_point to) {
 /// Whether two ranks' pending entries are the same call: by sequence number where the Flight
 /// Recorder gave one, else (torch 1.x's stacks) by operation.
 bool same_call(const PendingCollective& a, const PendingCollective& b) {
-  if (a.group != b.group || a.op != b.op) return false;
+  if (a.group != b.group || a.op != b.op || a.in_backward != b.in_backward) return false;
   return a.seq < 0 || b.seq < 0 || a.seq == b.seq;
 }
 
@@ -61,6 +61,7 @@ Expected<ProgressRecord> parse_progress_record(std::string_view text) {
       pending.seq = entry.value("seq", int64_t{-1});
       pending.backend = entry.value("backend", std::string());
       pending.pending_s = entry.value("pending_s", 0.0);
+      pending.in_backward = entry.value("in_backward", false);
       record.pending.push_back(std::move(pending));
     }
     record.frames = json.value("frames", std::vector<std::string>{});
@@ -73,10 +74,11 @@ Expected<ProgressRecord> parse_progress_record(std::string_view text) {
 }
 
 std::string describe(const PendingCollective& collective) {
-  std::string text = collective.op;
+  std::string text = collective.in_backward ? "DDP's gradient " + collective.op : collective.op;
   if (collective.seq >= 0) text += fmt::format(" #{}", collective.seq);
   text += " on group " + collective.group;
   if (!collective.backend.empty()) text += " (" + collective.backend + ")";
+  if (collective.in_backward) text += " in backward()";
   return text;
 }
 
@@ -87,7 +89,7 @@ nlohmann::json to_json(const CollectiveStall& stall) {
   return {{"group", c.group},   {"group_ranks", c.group_ranks}, {"op", c.op},
           {"seq", c.seq},       {"backend", c.backend},         {"pending_s", c.pending_s},
           {"in", stall.in},     {"missing", stall.missing},     {"states", states},
-          {"mismatch", stall.mismatch}, {"source", stall.source}};
+          {"mismatch", stall.mismatch}, {"source", stall.source}, {"in_backward", c.in_backward}};
 }
 
 CollectiveStall collective_stall_from_json(const nlohmann::json& json) {
@@ -99,6 +101,7 @@ CollectiveStall collective_stall_from_json(const nlohmann::json& json) {
   c.seq = json.at("seq");
   c.backend = json.at("backend");
   c.pending_s = json.at("pending_s");
+  c.in_backward = json.value("in_backward", false);
   stall.in = json.at("in").get<std::vector<int>>();
   stall.missing = json.at("missing").get<std::vector<int>>();
   for (const auto& [rank, state] : json.at("states").items())
@@ -122,10 +125,12 @@ void CollectiveWatch::observe(ProgressRecord record, Clock::time_point now) {
   if (record.number <= view.last.number) return;  // Late or replayed: nothing new.
   const double wall = seconds_between(view.received, now);
   const bool completed_more = record.completed > view.last.completed;
-  // A rank waiting in a collective may spin (NCCL): only ranks outside one count as busy.
-  const bool busy_outside = record.pending.empty() && wall > 0 &&
-                            (record.cpu_s - view.last.cpu_s) >= kBusyCpuShare * wall;
-  if (completed_more || busy_outside) last_progress_ = now;
+  // A rank waiting in a collective may spin (NCCL): only ranks outside one count as busy, and
+  // those in backward(), whose CPU computes gradients.
+  const bool computing = std::all_of(record.pending.begin(), record.pending.end(),
+                                     [](const PendingCollective& pending) { return pending.in_backward; });
+  const bool busy = computing && wall > 0 && (record.cpu_s - view.last.cpu_s) >= kBusyCpuShare * wall;
+  if (completed_more || busy) last_progress_ = now;
   view = {std::move(record), now};
 }
 
@@ -220,8 +225,8 @@ std::string CollectiveWatch::state_of(int rank, const PendingCollective* stalled
     return "in backward(), where DDP's gradient all-reduce runs (torch 1.x cannot name it): "
            "likely a mismatch; " + innermost_frames(view.last.frames);
   if (age > kStaleIntervals * interval_s_)
-    return fmt::format("no record for {:.0f} s (its reporter cannot run: a call holding the GIL?); "
-                       "last in user code: {}", age, innermost_frames(view.last.frames));
+    return fmt::format("no record for {:.0f} s{}; last in user code: {}", age, kSilentReporterGuess,
+                       innermost_frames(view.last.frames));
   return "in user code: " + innermost_frames(view.last.frames);
 }
 

@@ -32,6 +32,9 @@ inline constexpr double kProgressIntervalSeconds = 1.0;
 inline constexpr double kBusyCpuShare = 0.1;
 /// A rank whose records stopped for this many intervals is reported as silent.
 inline constexpr double kStaleIntervals = 5;
+/// What a silent rank's state adds where only the node that runs it can tell (/proc) which.
+inline constexpr std::string_view kSilentReporterGuess =
+    " (its reporter cannot run: a call holding the GIL, or its process stopped?)";
 
 /// A collective a rank has started and not finished.
 struct PendingCollective {
@@ -41,6 +44,9 @@ struct PendingCollective {
   int64_t seq = -1;             ///< Its sequence number in the group; -1: unknown (torch 1.x).
   std::string backend;          ///< "gloo", "nccl"; empty when unknown.
   double pending_s = 0;         ///< How long it had been pending when the record was made.
+  /// torch 1.x: DDP's gradient all-reduce, seen as backward() after DDP issued collectives in
+  /// it. A rank busy there is computing gradients: progress, as outside a collective.
+  bool in_backward = false;
 };
 
 /// One record of one rank's reporter.

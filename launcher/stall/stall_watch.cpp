@@ -6,9 +6,17 @@
 
 #include "common/logging.hpp"
 #include "common/proc_sockets.hpp"
+#include "common/process_state.hpp"
 
 namespace mcprun {
 namespace {
+
+/// A state without the guess that /proc has just answered.
+std::string strip_stale_guess(std::string state) {
+  if (const size_t at = state.find(kSilentReporterGuess); at != std::string::npos)
+    state.erase(at, kSilentReporterGuess.size());
+  return state;
+}
 
 using Clock = std::chrono::steady_clock;
 
@@ -319,6 +327,10 @@ std::vector<RankProgress> StallWatch::diagnose(const StallNotice& notice,
       progress.level = missing ? RankProgress::kConnected : RankProgress::kArrived;
       auto state = stall.states.find(worker.rank);
       progress.state = state != stall.states.end() ? state->second : "running";
+      // This node owns the process: whether it can run at all replaces a guess from its records.
+      if (auto run_state = read_run_state(worker.pid))
+        if (auto not_running = describe_not_running(*run_state))
+          progress.state = *not_running + "; " + strip_stale_guess(progress.state);
     } else if (notice.rank == worker.rank) {
       progress.level = RankProgress::kConnected;
       progress.state = notice.kind == StallNotice::Kind::kTimer       ? "its FileTimer scope expired"

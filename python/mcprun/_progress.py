@@ -4,8 +4,8 @@ torch.distributed). It never imports torch and never raises into the program.
 
 Once torch.distributed is initialised (and on, past destroy_process_group()), every interval it
 sets the job store's key `mcprun/progress/<RANK>` (the store mcprun serves at
-MASTER_ADDR:MASTER_PORT, through a client connection of its own) to one JSON record of under
-4 KiB:
+MASTER_ADDR:MASTER_PORT, through a connection of its own that speaks torch's TCPStore wire
+protocol here, in Python) to one JSON record of under 4 KiB:
 
     {"v": 1, "rank": 2, "pid": 4242, "n": 17, "source": "flight_recorder", "completed": 52,
      "pending": [{"group": "0", "group_ranks": [0, 1, 2], "op": "all_reduce", "seq": 53,
@@ -15,8 +15,16 @@ MASTER_ADDR:MASTER_PORT, through a client connection of its own) to one JSON rec
 At interpreter exit it sets the last record again with "exiting": true (and the next n): the
 rank has left its collectives, and the call that record caught pending stays for the failure
 report, but is not read as a stall for as long as torch's teardown takes. Exit waits for that
-record at most EXIT_WAIT_S, then for a report in progress at most REPORT_WAIT_S, and the thread
-makes no torch call after (see Reporter.stop).
+record at most EXIT_WAIT_S, and the thread makes no torch call after (see Reporter.stop).
+
+Why the store is spoken to in Python: the thread must never be inside torch's C++ when the
+interpreter finalises. Python ends a thread that comes back from a call that released the GIL
+then with pthread_exit, whose unwinding aborts the whole process in pybind11's noexcept frames
+("terminate called without an active exception"), a finished rank's exit turned into a failure.
+torch's store client blocks on the network (2.x's without bound on a store that stopped
+answering), so any store it talks to, late, gone or its host exited first, could do that. The
+torch calls left (the Flight Recorder's status, sequence numbers, group lookups) never block
+on anything outside the process; each runs under a lock that exit takes and keeps.
 
 n counts the records this process built. source says where completed and pending come from:
 
@@ -32,7 +40,10 @@ n counts the records this process built. source says where completed and pending
   first saw the call); completed counts the collectives issued on this rank's groups (their
   sequence numbers, DDP's included) since the reporter first saw each, less the one pending, or
   where a backend numbers none, the calls seen to return. It compares across the records of one
-  process, not across ranks. DDP's all-reduce, issued from C++, shows only as backward in frames.
+  process, not across ranks. DDP's gradient all-reduce, issued from C++, is pending as
+  {"op": "all_reduce", "in_backward": true, ...} while the main thread is in backward() and a
+  group's sequence number moved since the sample before, or on an earlier sample of the same wait
+  (DDP issued collectives in it); pending_s counts from the last move.
 
 At most 4 pending entries are listed; group_ranks is [] for a group of more than 64 ranks.
 cpu_s is the CPU time of this process, its reaped children and its live descendants (DataLoader
@@ -42,11 +53,11 @@ Once mcprun sets `mcprun/flight_recorder/dump` (on a stall), each reporter with 
 writes its dump once, in the pickle torch's analyzer reads, to $TORCH_FR_DUMP_TEMP_FILE<RANK>.
 """
 
-import datetime
 import json
 import os
 import pickle
 import socket
+import struct
 import sys
 import threading
 import time
@@ -54,15 +65,15 @@ import time
 RECORD_VERSION = 1
 KEY_PREFIX = "mcprun/progress/"
 DUMP_REQUEST_KEY = "mcprun/flight_recorder/dump"
-# Bounds the store client's connect and each set: a slow store delays only this thread.
+# Bounds the store connection's connect, each send and each answer: a slow store delays only
+# this thread.
 STORE_TIMEOUT_S = 2.0
 # How long exit waits for the thread's exiting record and the close of its store connection: one
 # round trip to the store, which a loaded machine can stretch past a tenth of a second.
 EXIT_WAIT_S = 1.0
-# How long exit then waits for a report the thread is still in: its four store steps (a plain
-# connect, torch's client, a set, a check) at STORE_TIMEOUT_S each. torch 2.x's client waits
-# without bound for the answer of a store that stopped answering; exit goes on without it.
-REPORT_WAIT_S = 4 * STORE_TIMEOUT_S
+# How long exit waits for a torch call the thread is in: each reads this process's own state
+# (milliseconds); the bound is for a recorder lock held by a collective that never lets go.
+TORCH_CALL_WAIT_S = 5.0
 MAX_PENDING = 4
 MAX_FRAMES = 6
 MAX_GROUP_RANKS = 64
@@ -109,8 +120,8 @@ class Reporter:
         self.owner_pid = os.getpid()
         self.stop_requested = threading.Event()
         self.stopped = threading.Event()
-        self.reporting = threading.Lock()  # Held through each report: see stop().
-        self.abandoned = False
+        self.torch_calls = threading.Lock()  # Held through each torch call: see stop().
+        self.abandoned = False  # Set by exit under torch_calls: no torch call after.
         self.store = None
         self.records = 0
         self.last_record = None  # The last one the store took.
@@ -124,91 +135,98 @@ class Reporter:
     def run(self):
         try:
             while not self.stop_requested.wait(self.interval_s):
-                self.report_safely(self.report)
-            self.report_safely(self.report_exit)
-            self.report_safely(self.close)
+                self.safely(self.report)
+            self.safely(self.report_exit)
         finally:
+            self.close()
             self.stopped.set()
 
     def stop(self):
         """At exit, from sitecustomize's handler: the exiting record if the thread is quick
         enough, and in any case no torch call of the thread's once the interpreter finalises.
-        Python ends a thread that comes back from torch's C++ then with pthread_exit, which
-        unwinds into pybind11's noexcept frames and aborts the whole process ("terminate called
-        without an active exception"), so a late thread is waited for between reports and then
-        kept out."""
+        Store calls are Python's own sockets, which a finalising interpreter ends safely; a torch
+        call in progress is waited for (it blocks on nothing outside the process)."""
         # A forked child inherits this exit handler but not the thread it would wait for.
         if os.getpid() != self.owner_pid:
             return
         self.stop_requested.set()
         if self.stopped.wait(EXIT_WAIT_S):
             return
-        in_time = self.reporting.acquire(timeout=REPORT_WAIT_S)
+        in_time = self.torch_calls.acquire(timeout=TORCH_CALL_WAIT_S)
         self.abandoned = True
         if in_time:
-            self.reporting.release()
+            self.torch_calls.release()
         else:
-            debug(f"exiting with the reporter in a store call for over {REPORT_WAIT_S} s")
+            debug(f"exiting with the reporter in a torch call for over {TORCH_CALL_WAIT_S} s")
 
-    def report_safely(self, report):
-        """Runs `report`, a step that calls torch, unless exit has abandoned the thread."""
-        with self.reporting:
-            if self.abandoned:
-                return
-            try:
-                report()
-            except Exception as error:
-                debug(f"no report this interval: {error!r}")
+    def in_torch(self, step):
+        """`step()`, a call into torch, unless exit has abandoned the thread (then None)."""
+        with self.torch_calls:
+            return None if self.abandoned else step()
+
+    @staticmethod
+    def safely(report):
+        try:
+            report()
+        except Exception as error:
+            debug(f"no report this interval: {error!r}")
 
     def close(self):
-        self.store = None  # Closes the connection.
+        if self.store is not None:
+            self.store.close()
+            self.store = None
 
     def report_exit(self):
-        if self.last_record is None or self.store is None:
-            return  # Nothing stale to replace, or no connection to replace it on.
+        if self.last_record is None:
+            return  # Nothing stale to replace.
+        store = self.connected_store(new_connection=False)
+        if store is None:
+            return  # No connection to replace it on, and none is opened once exit waits.
         self.records += 1
         record = dict(self.last_record, n=self.records, exiting=True)
-        self.store.set(KEY_PREFIX + str(record["rank"]), json.dumps(record, separators=(",", ":")).encode())
+        store.set(KEY_PREFIX + str(record["rank"]), json.dumps(record, separators=(",", ":")).encode())
 
     def report(self):
-        dist = sys.modules.get("torch.distributed")
         rank = os.environ.get("RANK")
-        # Past destroy_process_group() too: a last record's pending call would read as a stall.
-        if dist is None or rank is None or not (self.records or dist.is_initialized()):
+        if rank is None:
             return
-        store = self.connected_store(dist)
+        record = self.in_torch(lambda: self.record_if_initialised(int(rank)))
         # Once exit waits, no store call but the exiting record.
-        if store is None or self.stop_requested.is_set():
+        if record is None or self.stop_requested.is_set():
             return
-        record = self.record(dist, int(rank))
+        store = self.connected_store(new_connection=True)
+        if store is None:
+            return
         try:
             store.set(KEY_PREFIX + rank, json.dumps(record, separators=(",", ":")).encode())
             self.last_record = record
             dump_requested = (not self.stop_requested.is_set()
                               and record["source"] == "flight_recorder" and self.dump_prefix
                               and not self.dumped and store.check([DUMP_REQUEST_KEY]))
-        except Exception:
-            self.store = None  # Reconnects next interval.
+        except OSError:
+            self.close()  # Reconnects next interval.
             raise
         if dump_requested:
             self.dumped = True  # Once: a dump that fails is not retried every interval.
-            self.flight_recorder.write_dump(self.dump_prefix + rank)
+            self.in_torch(lambda: self.flight_recorder.write_dump(self.dump_prefix + rank))
 
-    def connected_store(self, dist):
-        if self.store is None:
+    def record_if_initialised(self, rank):
+        dist = sys.modules.get("torch.distributed")
+        # Past destroy_process_group() too: a last record's pending call would read as a stall.
+        if dist is None or not (self.records or dist.is_initialized()):
+            return None
+        return self.record(dist, rank)
+
+    def connected_store(self, new_connection):
+        if self.store is None and new_connection:
             host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
             if not host or not port:
                 return None
-            # A plain connect first: torch's client logs every failed attempt to stderr.
             try:
-                socket.create_connection((host, int(port)), timeout=STORE_TIMEOUT_S).close()
-            except OSError:
+                self.store = StoreConnection(host, int(port), STORE_TIMEOUT_S)
+            except (OSError, ValueError) as error:
+                debug(f"store unreachable: {error!r}")
                 return None
-            if self.stop_requested.is_set():
-                return None  # No new connection once exit waits.
-            self.store = dist.TCPStore(host, int(port), None, False,
-                                       datetime.timedelta(seconds=STORE_TIMEOUT_S),
-                                       wait_for_workers=False)
         return self.store
 
     def record(self, dist, rank):
@@ -237,10 +255,12 @@ class Reporter:
         except Exception as error:
             debug(f"Flight Recorder unreadable: {error!r}")
         try:
-            return "stack", (self.stack.completed(len(in_call)), in_call)
+            sequences = self.stack.sequences()
         except Exception as error:
             debug(f"no sequence numbers: {error!r}")
             return "stack", (-1, in_call)
+        pending = in_call or self.stack.in_backward(dist, frame, sequences)
+        return "stack", (self.stack.completed(sequences, len(pending)), pending)
 
 
 def innermost_frames(frame):
@@ -251,6 +271,46 @@ def innermost_frames(frame):
         frames.append(clip(f"{where} in {code.co_name}"))
         frame = frame.f_back
     return frames[::-1]
+
+
+class StoreConnection:
+    """A client of the job store in torch's TCPStore wire protocol (TCPStoreBackend.hpp, 2.x's
+    dialect, which mcprun's store and torch's own server both speak): only the two queries the
+    reporter needs, each bounded by the socket's timeout."""
+
+    VALIDATE, SET, CHECK = 0, 1, 5
+    VALIDATION_MAGIC = 0x3C85F7CE
+    READY = b"\x00"
+    # torch's client puts "/" before every key it is given.
+    KEY_PREFIX = "/"
+
+    def __init__(self, host, port, timeout_s):
+        self.socket = socket.create_connection((host, port), timeout=timeout_s)
+        self.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.socket.sendall(struct.pack("<BI", self.VALIDATE, self.VALIDATION_MAGIC))
+
+    @classmethod
+    def _bytes(cls, data):
+        return struct.pack("<Q", len(data)) + data
+
+    @classmethod
+    def _key(cls, key):
+        return cls._bytes((cls.KEY_PREFIX + key).encode())
+
+    def set(self, key, value):
+        self.socket.sendall(bytes([self.SET]) + self._key(key) + self._bytes(value))
+
+    def check(self, keys):
+        """Whether every key is set."""
+        self.socket.sendall(struct.pack("<BQ", self.CHECK, len(keys))
+                            + b"".join(self._key(key) for key in keys))
+        answer = self.socket.recv(1)
+        if not answer:
+            raise ConnectionError("the store closed the connection")
+        return answer == self.READY
+
+    def close(self):
+        self.socket.close()
 
 
 class Groups:
@@ -374,6 +434,9 @@ class StackProbe:
         self.finished = 0          # pending calls seen to return, where sequence numbers fail
         self.first_sequence = {}   # group name -> its sequence number when first seen
         self.highest_completed = 0
+        self.previous_sequences = {}  # group name -> its sequence number at the sample before
+        self.backward_group = None    # the group DDP's all-reduce moved in the backward() now
+        self.backward_since = 0.0
 
     def pending(self, dist, call):
         """[the collective `call` (a frame) as a pending entry], or [] outside one."""
@@ -398,10 +461,36 @@ class StackProbe:
         self.watched = watched
         return pending
 
-    def completed(self, pending_count):
+    def sequences(self):
+        """Each group's sequence number by name; None for a backend that numbers none (MPI)."""
+        return {name: sequence_number(group) for group, name in self.groups.names().items()}
+
+    def in_backward(self, dist, frame, sequences):
+        """[DDP's gradient all-reduce as a pending entry] while the main thread is in backward()
+        and DDP issued collectives in it, else []: torch 1.x's reducer issues them from C++,
+        where no stack shows them, but each moves its group's sequence number."""
+        moved = [name for name, sequence in sequences.items()
+                 if sequence is not None and sequence != self.previous_sequences.get(name)]
+        self.previous_sequences = sequences
+        if outermost_backward(frame) is None:
+            self.backward_group = None
+            return []
+        if moved:
+            # The sample before may have seen this same wait: it starts at the last move.
+            self.backward_group = "0" if "0" in moved else moved[0]
+            self.backward_since = time.monotonic()
+        if self.backward_group is None:
+            return []
+        c10d = sys.modules["torch.distributed.distributed_c10d"]
+        group = {name: group for group, name in self.groups.names().items()}.get(self.backward_group)
+        return [{"group": self.backward_group, "group_ranks": self.groups.ranks(self.backward_group),
+                 "op": "all_reduce", "seq": -1,
+                 "backend": backend_name(dist, group if group is not None else c10d._get_default_group()),
+                 "pending_s": round(time.monotonic() - self.backward_since, 3), "in_backward": True}]
+
+    def completed(self, sequences, pending_count):
         """Collectives issued on this rank's groups since first seen, less those pending; where a
         backend has no sequence numbers, the pending calls seen to return."""
-        sequences = {name: sequence_number(group) for group, name in self.groups.names().items()}
         if None in sequences.values():
             completed = self.finished
         else:
@@ -409,6 +498,18 @@ class StackProbe:
                             for name, sequence in sequences.items()) - pending_count
         self.highest_completed = max(self.highest_completed, completed)
         return self.highest_completed
+
+
+def outermost_backward(frame):
+    """The outermost frame of torch.autograd.backward() on the stack, or None."""
+    found = None
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "backward" and code.co_filename.endswith(
+                os.path.join("autograd", "__init__.py")):
+            found = frame
+        frame = frame.f_back
+    return found
 
 
 def outermost_collective(frame):

@@ -1,0 +1,30 @@
+// Whether a process runs at all, from /proc: a rank stopped by a signal or a debugger, or stuck in
+// the kernel, is a different failure from one that runs and makes no progress.
+#pragma once
+
+#include <sys/types.h>
+
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace mcprun {
+
+/// A process's scheduling state as /proc shows it.
+struct ProcessRunState {
+  char state = '?';   ///< /proc/PID/stat's third field: R, S, D, T, t, Z...
+  std::string wchan;  ///< /proc/PID/wchan: the kernel function it waits in; "" or "0": none.
+};
+
+/// Parses /proc/PID/stat's text (the command name may hold spaces and parentheses) and wchan's;
+/// nullopt for text that is not a stat line.
+std::optional<ProcessRunState> parse_run_state(std::string_view stat, std::string_view wchan);
+
+/// /proc/PID's state; nullopt once the process is gone.
+std::optional<ProcessRunState> read_run_state(pid_t pid);
+
+/// Why a process cannot run, in words: stopped (T), traced (t), in uninterruptible sleep (D, with
+/// the kernel function) or frozen by its cgroup; nullopt for a process that can run.
+std::optional<std::string> describe_not_running(const ProcessRunState& state);
+
+}  // namespace mcprun

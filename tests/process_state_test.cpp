@@ -1,0 +1,86 @@
+#include "common/process_state.hpp"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+
+namespace mcprun {
+namespace {
+
+// A stopped sleep's /proc/PID/stat and wchan on this machine's kernel (Debian 12, 6.1).
+constexpr const char* kStoppedStat =
+    "18620 (sleep) T 18613 18613 1197 0 -1 4194560 93 0 0 0 0 0 0 0 20 0 1 0 12062 5578752 222";
+// The same line as a python3 rank blocked on a FUSE file system that never answers shows it,
+// with the wchan FUSE's request path waits in (fs/fuse/dev.c).
+constexpr const char* kUninterruptibleStat =
+    "4242 (python3) D 4200 4242 4200 0 -1 4194560 8120 0 0 0 310 41 0 0 20 0 9 0 77124 ...";
+
+TEST(ProcessState, StoppedIsNamedAsStopped) {
+  const auto state = parse_run_state(kStoppedStat, "do_signal_stop");
+  ASSERT_TRUE(state);
+  EXPECT_EQ(state->state, 'T');
+  EXPECT_EQ(state->wchan, "do_signal_stop");
+  const auto words = describe_not_running(*state);
+  ASSERT_TRUE(words);
+  EXPECT_NE(words->find("stopped (state T"), std::string::npos) << *words;
+}
+
+TEST(ProcessState, UninterruptibleSleepNamesTheKernelFunction) {
+  const auto state = parse_run_state(kUninterruptibleStat, "request_wait_answer\n");
+  ASSERT_TRUE(state);
+  const auto words = describe_not_running(*state);
+  ASSERT_TRUE(words);
+  EXPECT_NE(words->find("uninterruptible sleep (state D in request_wait_answer)"), std::string::npos)
+      << *words;
+}
+
+TEST(ProcessState, CgroupFreezerIsNamed) {
+  const auto state = parse_run_state("77 (python3) S 1 77 77 0 -1", "do_freezer_trap");
+  ASSERT_TRUE(state);
+  EXPECT_EQ(describe_not_running(*state), "frozen by its cgroup's freezer (cgroup.freeze)");
+}
+
+TEST(ProcessState, RunningAndSleepingProcessesCanRun) {
+  for (const char* stat : {"7 (python3) R 1 7", "7 (python3) S 1 7"}) {
+    const auto state = parse_run_state(stat, "0");
+    ASSERT_TRUE(state) << stat;
+    EXPECT_EQ(state->wchan, "");
+    EXPECT_FALSE(describe_not_running(*state)) << stat;
+  }
+}
+
+TEST(ProcessState, ACommandNameWithParenthesesAndStatesDoesNotFoolTheParser) {
+  const auto state = parse_run_state("9 (a) T (b) R 1 9 9", "0");
+  ASSERT_TRUE(state);
+  EXPECT_EQ(state->state, 'R');
+}
+
+TEST(ProcessState, TextThatIsNoStatLineIsRefused) {
+  EXPECT_FALSE(parse_run_state("", ""));
+  EXPECT_FALSE(parse_run_state("12 (python3", ""));
+  EXPECT_FALSE(parse_run_state("12 (python3)", ""));
+}
+
+TEST(ProcessState, ARealStoppedChildReadsAsStoppedAndAGoneOneAsNothing) {
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    pause();
+    _exit(0);
+  }
+  ASSERT_EQ(kill(child, SIGSTOP), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, WUNTRACED), child);  // Returns once it is stopped.
+  ASSERT_TRUE(WIFSTOPPED(status));
+  const auto state = read_run_state(child);
+  ASSERT_TRUE(state);
+  EXPECT_EQ(state->state, 'T');
+  kill(child, SIGKILL);
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_FALSE(read_run_state(child));
+}
+
+}  // namespace
+}  // namespace mcprun
