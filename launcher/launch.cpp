@@ -550,9 +550,13 @@ std::optional<int> Launch::conclude(const AttemptResult& result, int attempt, in
   std::map<int, int> pids;
   for (const WorkerOutcome& worker : result.workers) pids[worker.rank] = worker.pid;
   const WorkerOutcome& root = result.workers[result.first_failure];
-  const std::string hint =
-      failure_hint(root.rank, failure_text(root), hint_job(pids), hint_probes_).value_or("");
+  HintJob job = hint_job(pids);
+  for (const WorkerOutcome& worker : result.workers)
+    if (!worker.failed() && !worker.stopped_by_launcher) job.finished_at[worker.rank] = worker.exit_time;
+  job.failed_at = root.exit_time;
+  const std::string hint = failure_hint(root.rank, failure_text(root), job, hint_probes_).value_or("");
   summary_.set_hint(hint);
+  summary_.set_early_finisher(early_finisher(root.rank, failure_text(root), job));
   std::fputs(format_failure_report(result.workers, result.first_failure, host_, restart_count,
                                    config_.max_restarts, collectives_at_end_, hint)
                  .c_str(),

@@ -183,11 +183,50 @@ TEST(FailureHints, MasterPortInUseNamesWhoHoldsIt) {
   EXPECT_NE(text.find("mcprun serves the job's store"), std::string::npos) << text;
 }
 
+// gloo under torch 1.13 (verbatim), rank 0 after rank 1 left the loop and exited.
+const Lines kGlooPeerClosed = {
+    "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:598] Connection closed by peer [127.0.0.1]:17581"};
+const Lines kNcclRemoteError = {
+    "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:3356, remote process exited or there was a network error, NCCL version 2.27.3",
+    "ncclRemoteError: A call failed possibly due to a network error or a remote process exiting prematurely."};
+
+HintJob job_where_rank_1_finished(double seconds_before) {
+  HintJob job = two_gpu_job(true);
+  job.failed_at = std::chrono::system_clock::now();
+  job.finished_at[1] = job.failed_at - std::chrono::milliseconds(static_cast<int>(seconds_before * 1000));
+  job.finished_at[2] = job.failed_at - std::chrono::seconds(300);  // Long before: not this.
+  return job;
+}
+
+TEST(FailureHints, APeerLostJustAfterAnotherRankFinishedNamesTheFinisher) {
+  FakeProbes fake;
+  for (const Lines& lines : {kGlooPeerClosed, kNcclRemoteError}) {
+    const HintJob job = job_where_rank_1_finished(0.1);
+    EXPECT_EQ(hint(0, lines, job, fake.probes).substr(0, 60),
+              "rank 1 finished (exit 0) 0.1 s before rank 0 lost its peer: ");
+    const auto finisher = early_finisher(0, lines, job);
+    ASSERT_TRUE(finisher);
+    EXPECT_EQ(finisher->rank, 1);
+    EXPECT_NEAR(finisher->seconds_before, 0.1, 0.01);
+  }
+}
+
+TEST(FailureHints, APeerLostWithNoRankFinishedShortlyBeforeKeepsTheRootCause) {
+  FakeProbes fake;
+  const HintJob job = job_where_rank_1_finished(kEarlyFinisherWindow.count() + 5.0);
+  EXPECT_FALSE(early_finisher(0, kGlooPeerClosed, job));
+  EXPECT_NE(hint(0, kGlooPeerClosed, job, fake.probes).find("rank 0 lost the connection to a peer rank"),
+            std::string::npos);
+  // A rank that finished after the failure is not its cause; nor is any for another error.
+  HintJob later = job_where_rank_1_finished(-1.0);
+  EXPECT_FALSE(early_finisher(0, kGlooPeerClosed, later));
+  EXPECT_FALSE(early_finisher(0, {"ValueError: bad shard 17"}, job_where_rank_1_finished(0.1)));
+}
+
 TEST(FailureHints, ALineThatMatchesNothingGetsNoHint) {
   FakeProbes fake;
   const Lines unrelated = {"ValueError: bad shard 17", "CUDA out of memory",
-                           "Duplicate GPU detected", "Address already in use",
-                           "[rank0]: NCCL WARN socketProgress: Connection closed by remote peer 10.0.0.2<35721>"};
+                           "Duplicate GPU detected", "Address already in use"};
   EXPECT_FALSE(failure_hint(0, unrelated, two_gpu_job(true), fake.probes));
   EXPECT_FALSE(failure_hint(0, {}, two_gpu_job(true), fake.probes));
   EXPECT_TRUE(fake.nvml_asked.empty());

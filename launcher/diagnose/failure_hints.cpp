@@ -204,6 +204,38 @@ std::string master_port_taken(const std::smatch& match, const HintInput& input) 
                      "may have held it; omit --master-port and mcprun picks a free one", which, port);
 }
 
+/// A peer's connection lost: gloo's transport ("Connection closed by peer [10.0.0.2]:2345",
+/// "Connection reset by peer"), NCCL's ncclRemoteError ("remote process exited or there was a
+/// network error", "... a network error or a remote process exiting prematurely") and its
+/// socket layer's "Connection closed by remote peer".
+const std::regex& peer_lost_pattern() {
+  static const std::regex pattern(
+      R"(Connection closed by peer|Connection reset by peer|remote process exited or there was a network error|remote process exiting prematurely|Connection closed by remote peer)");
+  return pattern;
+}
+
+std::optional<EarlyFinisher> finished_before(int rank, const HintJob& job) {
+  std::optional<EarlyFinisher> latest;
+  for (const auto& [finished, at] : job.finished_at) {
+    const double before = std::chrono::duration<double>(job.failed_at - at).count();
+    if (finished == rank || before < 0 || before > kEarlyFinisherWindow.count()) continue;
+    if (!latest || before < latest->seconds_before) latest = EarlyFinisher{finished, before};
+  }
+  return latest;
+}
+
+std::string peer_lost(const std::smatch&, const HintInput& input) {
+  if (auto finisher = finished_before(input.rank, input.job))
+    return fmt::format("rank {} finished (exit 0) {:.1f} s before rank {} lost its peer: uneven "
+                       "data across ranks? Every rank must run the same collectives: give each "
+                       "the same number of batches (DistributedSampler(drop_last=True)) or use "
+                       "DDP's join()",
+                       finisher->rank, finisher->seconds_before, input.rank);
+  return fmt::format("rank {} lost the connection to a peer rank: that peer ended or was cut off "
+                     "first, so its end (another rank's exit, or another node) is the cause",
+                     input.rank);
+}
+
 /// Every recognised failure, checked in this order against each line; the text is as torch, CUDA
 /// and NCCL print it.
 const std::vector<Signature>& signatures() {
@@ -234,6 +266,7 @@ const std::vector<Signature>& signatures() {
       {"master-port-in-use",
        std::regex(R"(The server socket has failed to bind to \S*:(\d+) \(errno: 98 - Address already in use\)|The server socket has failed to listen on any local network address\. port: (\d+), useIpv6: \w+, code: -98, name: EADDRINUSE)"),
        master_port_taken},
+      {"peer-lost", peer_lost_pattern(), peer_lost},
   };
   return table;
 }
@@ -267,6 +300,13 @@ std::optional<std::string> failure_hint(int rank, const std::vector<std::string>
       std::smatch match;
       if (std::regex_search(line, match, signature.pattern)) return signature.explain(match, input);
     }
+  return std::nullopt;
+}
+
+std::optional<EarlyFinisher> early_finisher(int rank, const std::vector<std::string>& lines,
+                                            const HintJob& job) {
+  for (const std::string& line : lines)
+    if (std::regex_search(line, peer_lost_pattern())) return finished_before(rank, job);
   return std::nullopt;
 }
 

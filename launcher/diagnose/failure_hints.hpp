@@ -3,6 +3,7 @@
 // its interface, its master port.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -34,7 +35,27 @@ struct HintJob {
   /// NCCL_SOCKET_IFNAME as the workers got it; empty: NCCL picked an interface itself.
   std::string socket_interface;
   int master_port = 0;
+  /// When this node's ranks that exited 0 did so, and when the failing rank failed: a peer that
+  /// finished early is the likely cause of a lost connection.
+  std::map<int, std::chrono::system_clock::time_point> finished_at;
+  std::chrono::system_clock::time_point failed_at;
 };
+
+/// A rank that exited 0 while its peers still ran collectives with it.
+struct EarlyFinisher {
+  int rank = 0;
+  double seconds_before = 0;  ///< Before the failing rank failed.
+};
+
+/// How long before a lost peer a rank's clean exit still names it: gloo notices a closed peer at
+/// its next collective with it, which a long step or an evaluation can put off.
+inline constexpr std::chrono::seconds kEarlyFinisherWindow{60};
+
+/// The rank that finished last before `rank` failed, when `lines` say `rank` lost a peer (gloo's
+/// "Connection closed by peer", NCCL's remote-exit and closed-connection errors); nullopt
+/// otherwise, or when no rank finished within kEarlyFinisherWindow before.
+std::optional<EarlyFinisher> early_finisher(int rank, const std::vector<std::string>& lines,
+                                            const HintJob& job);
 
 /// Space on a file system, in bytes.
 struct FileSystemSpace {

@@ -189,6 +189,7 @@ RunSummary::~RunSummary() {
 void RunSummary::begin_attempt() {
   attempt_started_ = std::chrono::system_clock::now();
   hint_.clear();
+  early_finisher_.reset();
 }
 
 void RunSummary::end_attempt(const AttemptResult& result, const AttemptFiles& files,
@@ -320,6 +321,13 @@ nlohmann::ordered_json RunSummary::format_json(int exit_code) const {
       {"hint", !hint_.empty() && (ending.result == "failed" || ending.result == "stalled")
                    ? nlohmann::ordered_json(hint_)
                    : nlohmann::ordered_json(nullptr)},
+      // A rank that exited 0 just before the failing rank lost its peer: the likely cause.
+      {"early_finisher", early_finisher_ && ending.result == "failed"
+                             ? nlohmann::ordered_json{{"rank", early_finisher_->rank},
+                                                      {"exit_code", 0},
+                                                      {"seconds_before_failure",
+                                                       round_ms(early_finisher_->seconds_before)}}
+                             : nlohmann::ordered_json(nullptr)},
       {"world_size", last_ ? nlohmann::ordered_json(world_size_) : nlohmann::ordered_json(nullptr)},
       {"restarts", std::max(0, attempts_ - 1)},
       {"total_time_s", round_ms(total)},

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/expected.hpp"
+#include "launcher/diagnose/failure_hints.hpp"
 #include "launcher/supervise/failure_report.hpp"
 #include "launcher/config/launch_config.hpp"
 #include "launcher/stall/stall_report.hpp"
@@ -42,6 +43,8 @@ class RunSummary {
 
   /// What the last attempt's failure means for this job (diagnose/failure_hints): its `hint`.
   void set_hint(std::string hint) { hint_ = std::move(hint); }
+  /// The rank whose clean exit the failing rank's lost peer most likely was: its `early_finisher`.
+  void set_early_finisher(std::optional<EarlyFinisher> finisher) { early_finisher_ = finisher; }
 
   /// The --summary-json document, for mcprun's exit code.
   nlohmann::ordered_json format_json(int exit_code) const;
@@ -87,6 +90,7 @@ class RunSummary {
   std::optional<AttemptResult> last_;  ///< The last attempt's ending; its workers are in ranks_.
   std::vector<Rank> ranks_;
   std::string hint_;  ///< The last attempt's, when it failed or stalled; empty: none.
+  std::optional<EarlyFinisher> early_finisher_;  ///< The last attempt's, when it failed.
   std::shared_ptr<LastErrorSink> last_error_;  ///< Explains an ending that no attempt does.
 };
 

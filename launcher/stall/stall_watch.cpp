@@ -11,11 +11,15 @@
 namespace mcprun {
 namespace {
 
-/// A state without the guess that /proc has just answered.
-std::string strip_stale_guess(std::string state) {
+/// A rank's state as its records tell it, led by why its process cannot run where /proc says so
+/// (this node owns the process): that replaces the records' guess about a silent reporter.
+std::string with_run_state(pid_t pid, std::string state) {
+  const auto run_state = read_run_state(pid);
+  const auto not_running = run_state ? describe_not_running(*run_state) : std::nullopt;
+  if (!not_running) return state;
   if (const size_t at = state.find(kSilentReporterGuess); at != std::string::npos)
     state.erase(at, kSilentReporterGuess.size());
-  return state;
+  return *not_running + "; " + state;
 }
 
 using Clock = std::chrono::steady_clock;
@@ -165,6 +169,10 @@ void StallWatch::on_collective_check() {
       if (worker.pid > 0 && !worker.running) collectives_->rank_ended(worker.rank, worker.ended);
   auto stall = collectives_->check(Clock::now());
   if (!stall) return arm_collective_check();
+  if (hooks_.workers)
+    for (const WorkerStatus& worker : hooks_.workers())
+      if (auto state = stall->states.find(worker.rank); state != stall->states.end() && worker.running)
+        state->second = with_run_state(worker.pid, state->second);
   StallNotice notice;
   notice.kind = StallNotice::Kind::kCollective;
   notice.what = fmt::format("{} made no progress for --collective-timeout {}: no collective "
@@ -326,11 +334,7 @@ std::vector<RankProgress> StallWatch::diagnose(const StallNotice& notice,
                            stall.missing.end();
       progress.level = missing ? RankProgress::kConnected : RankProgress::kArrived;
       auto state = stall.states.find(worker.rank);
-      progress.state = state != stall.states.end() ? state->second : "running";
-      // This node owns the process: whether it can run at all replaces a guess from its records.
-      if (auto run_state = read_run_state(worker.pid))
-        if (auto not_running = describe_not_running(*run_state))
-          progress.state = *not_running + "; " + strip_stale_guess(progress.state);
+      progress.state = with_run_state(worker.pid, state != stall.states.end() ? state->second : "running");
     } else if (notice.rank == worker.rank) {
       progress.level = RankProgress::kConnected;
       progress.state = notice.kind == StallNotice::Kind::kTimer       ? "its FileTimer scope expired"

@@ -42,7 +42,44 @@ def busy(seconds):  # Pure Python: the GIL is released often, as in real trainin
     while time.monotonic() < end:
         sum(i * i for i in range(1000))
 
-if scenario == "uneven":
+class SlowBackward(torch.autograd.Function):  # Every rank's backward computes for HOLD_S.
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        busy(hold)
+        return grad
+
+def ddp_loop(steps, before_step=lambda step: None):
+    """The loop users write: DDP's gradient all-reduce runs inside backward()."""
+    model = torch.nn.parallel.DistributedDataParallel(
+        torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(steps):
+        before_step(step)
+        hidden = model.module[0](torch.randn(16, 8))
+        loss = model(torch.randn(16, 8)).sum()
+        if scenario == "ddp_long_backward" and step == 2:
+            loss = loss + SlowBackward.apply(hidden).sum() * 0
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+if scenario == "ddp_deadlock":
+    ddp_loop(30, lambda step: rank == 1 and step == 5 and queue.Queue().get())
+elif scenario == "ddp_frozen":  # A debugger, a cgroup freezer, a swap storm: it stops running.
+    ddp_loop(30, lambda step: rank == 1 and step == 5 and os.kill(os.getpid(), signal.SIGSTOP))
+elif scenario == "ddp_long_backward":
+    ddp_loop(4)
+elif scenario == "ddp_rank0_evaluates":  # The others wait in DDP's all-reduce meanwhile.
+    ddp_loop(4, lambda step: rank == 0 and step == 2 and busy(hold))
+elif scenario == "early_finisher":  # Uneven shards and no barrier: rank 1 exits a step early.
+    ddp_loop(30 - (1 if rank == 1 else 0))
+    print(f"rank {rank} finished its shard", flush=True)
+    sys.exit(0)
+elif scenario == "uneven":
     ddp_steps(30 - (1 if rank == 1 else 0))  # Uneven shards: rank 1 has one batch fewer.
     print(f"rank {rank} finished its shard", flush=True)
     dist.barrier()
@@ -205,6 +242,36 @@ class CollectiveStallTest(CollectiveStallCase):
         self.assertIn("in user code", report_rows(err)[1])
         self.assertIn("get", report_rows(err)[1])  # queue.Queue.get, its innermost frame.
 
+    def test_a_rank_deadlocked_in_user_code_under_ddp_is_named(self):
+        code, _, err, elapsed = self.launch("ddp_deadlock")
+        self.assert_stalled(code, err, missing="1")
+        collective = self.stall_summary()
+        self.assertEqual((collective["op"], collective["in"]), ("all_reduce", [0, 2]))
+        if not TORCH2:  # torch 1.x sees DDP's all-reduce only as backward().
+            self.assertTrue(collective["in_backward"])
+            self.assertIn("in DDP's gradient all_reduce on group 0 (gloo) in backward()", report_rows(err)[0])
+        self.assertIn("in user code", report_rows(err)[1])
+        self.assertIn("queue.py", report_rows(err)[1])
+
+    def test_a_rank_that_stops_running_is_named_as_stopped(self):
+        code, _, err, elapsed = self.launch("ddp_frozen")
+        self.assert_stalled(code, err, missing="1")
+        row = report_rows(err)[1]
+        self.assertIn("stopped (state T", row)
+        self.assertNotIn("GIL", row)
+        self.assertIn("stopped (state T", self.stall_summary()["states"]["1"])
+
+    def test_a_rank_that_finished_first_is_named_when_its_peers_lose_it(self):
+        code, out, err, _ = self.launch("early_finisher")
+        self.assertNotIn(code, (0, 3), err)
+        self.assertIn("rank 1 finished its shard", out)
+        self.assertRegex(err, r"hint: +rank 1 finished \(exit 0\) [0-9.]+ s before rank [02] lost its peer: "
+                              r"uneven data across ranks\?")
+        with open(self.summary) as f:
+            summary = json.load(f)
+        self.assertEqual(summary["early_finisher"]["rank"], 1)
+        self.assertLess(summary["early_finisher"]["seconds_before_failure"], 60)
+
     def test_a_barrier_after_init_that_one_rank_never_reaches(self):
         code, _, err, _ = self.launch("skipped_barrier")
         self.assert_stalled(code, err, missing="2")
@@ -237,6 +304,16 @@ class CollectiveStallTest(CollectiveStallCase):
     def test_one_step_three_timeouts_long_on_every_rank_is_no_stall(self):
         code, out, err, _ = self.launch("long_step", hold=3 * TIMEOUT)
         self.assertEqual(code, 0, err)
+
+    def test_a_backward_three_timeouts_long_on_every_rank_under_ddp_is_no_stall(self):
+        code, out, err, elapsed = self.launch("ddp_long_backward", hold=3 * TIMEOUT)
+        self.assertEqual(code, 0, err)
+        self.assertGreater(elapsed, 3 * TIMEOUT)
+
+    def test_rank_0_evaluating_while_the_others_wait_in_ddp_is_no_stall(self):
+        code, out, err, elapsed = self.launch("ddp_rank0_evaluates", hold=3 * TIMEOUT)
+        self.assertEqual(code, 0, err)
+        self.assertGreater(elapsed, 3 * TIMEOUT)
 
     def test_ranks_sleeping_in_the_data_loader_are_no_stall(self):
         code, out, err, _ = self.launch("loader_sleeps", hold=1.5 * TIMEOUT)
