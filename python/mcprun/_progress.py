@@ -222,8 +222,10 @@ class Reporter:
             host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
             if not host or not port:
                 return None
+            version = getattr(sys.modules.get("torch"), "__version__", "")
             try:
-                self.store = StoreConnection(host, int(port), STORE_TIMEOUT_S)
+                self.store = StoreConnection(host, int(port), STORE_TIMEOUT_S,
+                                             StoreConnection.validating(str(version)))
             except (OSError, ValueError) as error:
                 debug(f"store unreachable: {error!r}")
                 return None
@@ -274,20 +276,33 @@ def innermost_frames(frame):
 
 
 class StoreConnection:
-    """A client of the job store in torch's TCPStore wire protocol (TCPStoreBackend.hpp, 2.x's
-    dialect, which mcprun's store and torch's own server both speak): only the two queries the
-    reporter needs, each bounded by the socket's timeout."""
+    """A client of the job store in torch's TCPStore wire protocol, in the dialect the rank's own
+    torch speaks, so that any store its torch could talk to understands it (mcprun's speaks
+    both): only the two queries the reporter needs, each bounded by the socket's timeout."""
 
-    VALIDATE, SET, CHECK = 0, 1, 5
-    VALIDATION_MAGIC = 0x3C85F7CE
+    # torch >= 2.1 (TCPStoreBackend.hpp) opens with VALIDATE and the magic, and numbers SET 1 and
+    # CHECK 5; torch 1.x and 2.0 open with the first query, SET 0 and CHECK 4.
+    VALIDATE, VALIDATION_MAGIC = 0, 0x3C85F7CE
+    QUERIES = {True: {"set": 1, "check": 5}, False: {"set": 0, "check": 4}}
     READY = b"\x00"
     # torch's client puts "/" before every key it is given.
     KEY_PREFIX = "/"
 
-    def __init__(self, host, port, timeout_s):
+    def __init__(self, host, port, timeout_s, validating):
+        self.queries = self.QUERIES[validating]
         self.socket = socket.create_connection((host, port), timeout=timeout_s)
         self.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.socket.sendall(struct.pack("<BI", self.VALIDATE, self.VALIDATION_MAGIC))
+        if validating:
+            self.socket.sendall(struct.pack("<BI", self.VALIDATE, self.VALIDATION_MAGIC))
+
+    @staticmethod
+    def validating(torch_version):
+        """Whether a torch of `torch_version` ("2.13.0+cpu") opens with VALIDATE."""
+        try:
+            major, minor = (int(part) for part in torch_version.split(".")[:2])
+        except ValueError:
+            return True  # A version torch itself would not print: the current dialect.
+        return (major, minor) >= (2, 1)
 
     @classmethod
     def _bytes(cls, data):
@@ -298,11 +313,11 @@ class StoreConnection:
         return cls._bytes((cls.KEY_PREFIX + key).encode())
 
     def set(self, key, value):
-        self.socket.sendall(bytes([self.SET]) + self._key(key) + self._bytes(value))
+        self.socket.sendall(bytes([self.queries["set"]]) + self._key(key) + self._bytes(value))
 
     def check(self, keys):
         """Whether every key is set."""
-        self.socket.sendall(struct.pack("<BQ", self.CHECK, len(keys))
+        self.socket.sendall(struct.pack("<BQ", self.queries["check"], len(keys))
                             + b"".join(self._key(key) for key in keys))
         answer = self.socket.recv(1)
         if not answer:

@@ -220,12 +220,14 @@ class ProgressReporterTest(LauncherTestCase):
                                  ("all_reduce", barrier["seq"], [0, 1, 2]))
         else:
             # torch 1.13 has no Flight Recorder: the others are in backward, where DDP's
-            # all-reduce runs unseen.
+            # all-reduce runs in C++; the sequence number it moved shows it pending there.
             self.assertEqual(barrier["seq"], -1)
             for rank in (0, 2):
-                record = self.record(rank, lambda r: r["frames"] and
-                                     r["frames"][-1].endswith(" in backward"))
-                self.assertEqual((record["source"], record["pending"]), ("stack", []))
+                record = self.record(rank, lambda r: r["pending"])
+                self.assertTrue(record["frames"][-1].endswith(" in backward"), record["frames"])
+                allreduce = record["pending"][0]
+                self.assertEqual((record["source"], allreduce["op"], allreduce["in_backward"],
+                                  allreduce["group_ranks"]), ("stack", "all_reduce", True, [0, 1, 2]))
         # Past the first records in backward: DDP's last all-reduce may not have been issued yet.
         before = {rank: self.later_record(rank, 3) for rank in range(3)}
         after = {rank: self.later_record(rank, 5) for rank in range(3)}
@@ -264,8 +266,11 @@ class ProgressReporterTest(LauncherTestCase):
         pending = record["pending"][0]
         self.assertEqual((record["source"], pending["op"], pending["seq"]),
                          ("stack", "barrier", -1))
-        record = self.record(0, lambda r: any(f.endswith(" in backward") for f in r["frames"]))
-        self.assertEqual((record["source"], record["pending"]), ("stack", []))
+        # DDP's all-reduce, issued from C++, is seen as the backward() that moved the sequence.
+        record = self.record(0, lambda r: r["pending"])
+        self.assertTrue(any(f.endswith(" in backward") for f in record["frames"]), record["frames"])
+        self.assertEqual((record["source"], record["pending"][0]["op"], record["pending"][0]["in_backward"]),
+                         ("stack", "all_reduce", True))
 
     def test_a_recv_shows_as_pending_though_gloo_records_no_point_to_point(self):
         self.start_ranks("recv", 2)
@@ -361,6 +366,23 @@ class ProgressReporterTest(LauncherTestCase):
 
     def test_a_rank_exits_cleanly_while_its_reporter_waits_on_a_stalled_store(self):
         self.exit_with_the_store_stalled("slow_teardown")
+
+    def test_a_rank_exits_cleanly_after_its_store_host_went_away(self):
+        # A static multi-node job whose first node (the store's host) finished first.
+        server = subprocess.Popen([PYTHON, "-c", STORE_SERVER], stdout=subprocess.PIPE, text=True,
+                                  start_new_session=True)
+        self.procs.append(server)
+        port = int(server.stdout.readline())
+        self.store = dist.TCPStore("127.0.0.1", port, None, False,
+                                   datetime.timedelta(seconds=DEADLINE_S), wait_for_workers=False)
+        self.start_ranks("slow_teardown", 1, MASTER_PORT=str(port))
+        self.record(0)
+        os.kill(server.pid, signal.SIGKILL)
+        server.wait(timeout=DEADLINE_S)
+        open(os.path.join(self.tmp, "exit"), "w").close()
+        code = self.procs[1].wait(timeout=DEADLINE_S)
+        self.assertNotIn("terminate called", self.output(0))
+        self.assertEqual(code, 0, self.output(0))
 
     def test_a_reporter_that_starts_as_the_program_ends_is_still_waited_for_at_exit(self):
         # The program ends before the reporter's thread, which looks for torch.distributed every
