@@ -27,4 +27,9 @@ std::optional<ProcessRunState> read_run_state(pid_t pid);
 /// the kernel function) or frozen by its cgroup; nullopt for a process that can run.
 std::optional<std::string> describe_not_running(const ProcessRunState& state);
 
+/// The process that took the most CPU, over its life, among those running now on a CPU that
+/// `pid` may use, other than `pid`'s own process group: "pid 4242 (python3) at 98% of a CPU";
+/// nullopt when none took a tenth of one.
+std::optional<std::string> busiest_process_beside(pid_t pid);
+
 }  // namespace mcprun

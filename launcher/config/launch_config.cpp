@@ -290,6 +290,7 @@ struct FlagTexts {
   std::string stdout_filters, stderr_filters;
   std::string job_file_path;
   std::string collective_timeout = "180";
+  std::string straggler_window = "60";
   bool no_stack_dumps = false;
 };
 
@@ -468,17 +469,32 @@ void add_diagnosis_flags(CLI::App& app, LaunchConfig& config, FlagTexts& texts) 
                  "rank's arrival at the job store in each attempt; a rank missing then is a stall "
                  "(exit 3). 0: off")
       ->check(CLI::NonNegativeNumber);
+  const auto seconds_or_off = [](const std::string& text) -> std::string {
+    if (text == "off") return "";
+    char* end = nullptr;
+    const double seconds = std::strtod(text.c_str(), &end);
+    return !text.empty() && *end == '\0' && seconds > 0 ? "" : "expected seconds > 0 or off";
+  };
   add("collective-timeout", texts.collective_timeout,
       "Seconds with a collective or barrier pending and no progress anywhere in the job: no "
       "collective completes on any rank and no rank outside one is busy. Then it is a stall "
       "(exit 3), reported with the collective and the ranks missing from it. off: no watchdog")
-      ->check([](const std::string& text) -> std::string {
-        if (text == "off") return "";
-        char* end = nullptr;
-        const double seconds = std::strtod(text.c_str(), &end);
-        return !text.empty() && *end == '\0' && seconds > 0 ? "" : "expected seconds > 0 or off";
-      })
+      ->check(seconds_or_off)
       ->type_name("S|off");
+  add("straggler-window", texts.straggler_window,
+      "Seconds of collectives over which the rank that holds the others back is named, while "
+      "the job runs (torch 2.x; needs the collective watchdog). off: no straggler watch")
+      ->check(seconds_or_off)
+      ->type_name("S|off");
+  add("straggler-share", config.stall.stragglers.min_share,
+      "A straggler arrives last at least at this share of the window's collectives")
+      ->check(CLI::Range(0.5, 1.0));
+  add("straggler-min-lag", config.stall.stragglers.min_lag_s,
+      "Seconds a straggler is behind the others at least (the median where it is last)")
+      ->check(CLI::NonNegativeNumber);
+  add("straggler-min-step-share", config.stall.stragglers.min_step_share,
+      "...and at least this share of a step, so that jitter on a short step names nobody")
+      ->check(CLI::Range(0.0, 1.0));
   add("heartbeat-timeout", config.stall.heartbeat_timeout,
                  "Seconds without mcprun.heartbeat() from a rank that has called it before; "
                  "longer is a stall. Ranks that never call it are not watched. 0: off")
@@ -769,6 +785,8 @@ Expected<LaunchRequest> parse_arguments(const std::vector<std::string>& args, Jo
   config.stack_dumps = !texts.no_stack_dumps;
   config.stall.collective_timeout =
       texts.collective_timeout == "off" ? 0 : std::stod(texts.collective_timeout);
+  config.stall.stragglers.window_s =
+      texts.straggler_window == "off" ? 0 : std::stod(texts.straggler_window);
   if (auto done = apply_worker_texts(texts, config); !done) return done.error();
 
   // Under srun: what the step says, wherever the user set nothing (see launcher/config/slurm.hpp).

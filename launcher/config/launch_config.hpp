@@ -15,6 +15,14 @@
 namespace mcprun {
 
 /// The stall watchdogs' limits, in seconds.
+/// When a rank is named a straggler (--straggler-* flags; docs/stalls.md says why these).
+struct StragglerSettings {
+  double window_s = 60;         ///< Judged over this much of the job; 0: off.
+  double min_share = 0.75;      ///< Last at least at this share of the window's collectives,
+  double min_lag_s = 0.01;      ///< by at least this much (median),
+  double min_step_share = 0.1;  ///< and by at least this share of a step.
+};
+
 struct StallSettings {
   double init_timeout = 120;      ///< --init-timeout: the whole world past the init barrier.
   double heartbeat_timeout = 300; ///< --heartbeat-timeout: for ranks that called heartbeat().
@@ -22,6 +30,8 @@ struct StallSettings {
   /// --collective-timeout: no collective completes and no rank outside one is busy, while one is
   /// pending, for this long; 0 = off ("off" on the command line). docs/stalls.md says why 180.
   double collective_timeout = 180;
+  /// The straggler watch, which the collective watchdog's progress records feed.
+  StragglerSettings stragglers;
   /// TORCH_DIST_INIT_BARRIER is not "0", so torch runs its store barrier at init.
   bool torch_init_barrier = true;
 };

@@ -66,6 +66,21 @@ Expected<ProgressRecord> parse_progress_record(std::string_view text) {
     }
     record.frames = json.value("frames", std::vector<std::string>{});
     record.exiting = json.value("exiting", false);
+    record.host = json.value("host", std::string());
+    record.local_rank = json.value("local_rank", -1);
+    record.run_delay_s = json.value("run_delay_s", 0.0);
+    record.sent_ns = json.value("sent_ns", int64_t{0});
+    if (auto arrivals = json.find("arrivals"); arrivals != json.end()) {
+      const int64_t t0_ns = arrivals->at("t0_ns").get<int64_t>();
+      for (const auto& [group, entry] : arrivals->at("groups").items()) {
+        GroupArrivals& parsed = record.arrivals[group];
+        parsed.group_ranks = entry.value("ranks", std::vector<int>{});
+        for (const auto& arrival : entry.at("c"))
+          parsed.arrivals.push_back({arrival.at(0).get<int64_t>(),
+                                     t0_ns + arrival.at(1).get<int64_t>() * 1000,
+                                     arrival.at(2).get<int64_t>()});
+      }
+    }
     if (record.rank < 0) return Error{fmt::format("rank {} is negative", record.rank)};
     return record;
   } catch (const std::exception& error) {

@@ -49,6 +49,17 @@ struct PendingCollective {
   bool in_backward = false;
 };
 
+/// When one rank enqueued collectives of one group (torch 2.x's Flight Recorder).
+struct GroupArrivals {
+  std::vector<int> group_ranks;  ///< Its members' global ranks; empty when unknown or many.
+  struct Arrival {
+    int64_t seq = 0;
+    int64_t created_ns = 0;  ///< On the rank's wall clock.
+    int64_t elements = 0;    ///< Of its inputs.
+  };
+  std::vector<Arrival> arrivals;  ///< By sequence number.
+};
+
 /// One record of one rank's reporter.
 struct ProgressRecord {
   int rank = 0;
@@ -61,6 +72,11 @@ struct ProgressRecord {
   std::vector<std::string> frames;         ///< The main thread's innermost frames, innermost last.
   /// Set at interpreter exit: the rank left its collectives; `pending` is what it was in before.
   bool exiting = false;
+  std::string host;             ///< Where the rank runs; empty from an older reporter.
+  int local_rank = -1;
+  double run_delay_s = 0;       ///< Its main thread's wait for a CPU (/proc schedstat).
+  int64_t sent_ns = 0;          ///< Its wall clock when it made the record; 0: unknown.
+  std::map<std::string, GroupArrivals> arrivals;  ///< By group name; empty in most records.
 };
 
 /// Parses a reporter's record; an Error names what was wrong (a record is never trusted).

@@ -87,6 +87,7 @@ void StallWatch::begin_attempt(int world_size, int master_port, StallHooks hooks
   // Every rank's reporter writes to this node's store: the whole job is judged here.
   if (observed_store_ && settings_.collective_timeout > 0) {
     collectives_.emplace(settings_.collective_timeout, kProgressIntervalSeconds, attempt_start_);
+    if (settings_.stragglers.window_s > 0) stragglers_.emplace(settings_.stragglers);
     arm_collective_check();
   }
   arm_activity_deadline();
@@ -106,6 +107,8 @@ void StallWatch::end_attempt() {
   activity_deadline_.cancel();
   collective_check_.cancel();
   collectives_.reset();  // A new attempt starts with fresh progress state.
+  if (stragglers_) last_stragglers_ = stragglers_->episodes();
+  stragglers_.reset();
   last_heartbeat_.clear();
   barriers_.clear();
   hooks_ = {};
@@ -152,6 +155,10 @@ void StallWatch::on_progress_record(const std::string& key) {
     spdlog::debug("job store key {}: {}", key, record.error().message);
     return;
   }
+  if (stragglers_)
+    stragglers_->observe(*record, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                      std::chrono::system_clock::now().time_since_epoch()).count(),
+                         Clock::now());
   collectives_->observe(std::move(*record), Clock::now());
 }
 
@@ -168,7 +175,10 @@ void StallWatch::on_collective_check() {
     for (const WorkerStatus& worker : hooks_.workers())
       if (worker.pid > 0 && !worker.running) collectives_->rank_ended(worker.rank, worker.ended);
   auto stall = collectives_->check(Clock::now());
-  if (!stall) return arm_collective_check();
+  if (!stall) {
+    check_stragglers();
+    return arm_collective_check();
+  }
   if (hooks_.workers)
     for (const WorkerStatus& worker : hooks_.workers())
       if (auto state = stall->states.find(worker.rank); state != stall->states.end() && worker.running)
@@ -181,6 +191,21 @@ void StallWatch::on_collective_check() {
                             format_seconds(settings_.collective_timeout));
   notice.collective = std::move(*stall);
   declare(std::move(notice));
+}
+
+void StallWatch::check_stragglers() {
+  if (!stragglers_) return;
+  auto line = stragglers_->check(Clock::now(), std::chrono::system_clock::now());
+  if (!line) return;
+  // A straggler starved of CPU on this node: name what takes the CPU it may use.
+  if (const StragglerEpisode* straggler = stragglers_->current();
+      straggler && straggler->cause.starts_with("starved of CPU") && straggler->host == host_)
+    if (auto hog = busiest_process_beside(straggler->cause_pid)) *line += "; busiest beside it: " + *hog;
+  spdlog::warn("{}", *line);
+}
+
+std::vector<StragglerEpisode> StallWatch::stragglers() const {
+  return stragglers_ ? stragglers_->episodes() : last_stragglers_;
 }
 
 std::map<int, std::string> StallWatch::ranks_in_collectives() const {

@@ -22,6 +22,7 @@
 #include "launcher/store/init_barrier.hpp"
 #include "launcher/config/launch_config.hpp"
 #include "launcher/stall/stall_report.hpp"
+#include "launcher/stall/straggler_watch.hpp"
 #include "launcher/store/tcp_store.hpp"
 #include "launcher/plan/worker_env.hpp"
 
@@ -76,6 +77,8 @@ class StallWatch {
   /// Each rank's last collective progress, when any rank was in a collective (see
   /// CollectiveWatch::ranks_in_collectives); empty where this node judges none.
   std::map<int, std::string> ranks_in_collectives() const;
+  /// Every straggler the straggler watch named in this attempt; empty where this node judges none.
+  std::vector<StragglerEpisode> stragglers() const;
   /// How far each local worker got, as the report shows it.
   std::vector<RankProgress> diagnose(const StallNotice& notice,
                                      const std::vector<WorkerStatus>& workers) const;
@@ -91,6 +94,8 @@ class StallWatch {
   /// Looks at the ranks' progress once per reporting interval.
   void arm_collective_check();
   void on_collective_check();
+  /// Names a straggler, or its change or end, in one line on this node's console.
+  void check_stragglers();
   void arm_init_deadline();
   void on_init_deadline();
   void on_heartbeat(int rank);
@@ -119,6 +124,8 @@ class StallWatch {
   boost::asio::steady_timer init_deadline_;
   boost::asio::steady_timer activity_deadline_;
   std::optional<CollectiveWatch> collectives_;  ///< On the node that serves the job store.
+  std::optional<StragglerWatch> stragglers_;    ///< Beside it, unless --straggler-window off.
+  std::vector<StragglerEpisode> last_stragglers_;  ///< The ended attempt's, for the summary.
   boost::asio::steady_timer collective_check_;
   std::chrono::steady_clock::time_point attempt_start_;
   std::map<int, std::chrono::steady_clock::time_point> last_heartbeat_;

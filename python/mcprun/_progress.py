@@ -77,6 +77,10 @@ TORCH_CALL_WAIT_S = 5.0
 MAX_PENDING = 4
 MAX_FRAMES = 6
 MAX_GROUP_RANKS = 64
+HOST = socket.gethostname()
+# The straggler watch's arrivals: read every this many records, at most this many per group.
+ARRIVALS_EVERY = 4
+MAX_ARRIVALS = 64
 MAX_NAME_CHARS = 80
 # How often /proc is scanned for new descendants; known ones are read every interval.
 DESCENDANT_SCAN_S = 10.0
@@ -235,9 +239,20 @@ class Reporter:
         frame = sys._current_frames().get(self.main_thread_id)
         source, (completed, pending) = self.progress(dist, frame)
         self.records += 1
-        return {"v": RECORD_VERSION, "rank": rank, "pid": os.getpid(), "n": self.records,
-                "source": source, "completed": completed, "pending": pending[:MAX_PENDING],
-                "cpu_s": round(self.cpu.seconds(), 2), "frames": innermost_frames(frame)}
+        record = {"v": RECORD_VERSION, "rank": rank, "pid": os.getpid(), "n": self.records,
+                  "host": HOST, "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
+                  "source": source, "completed": completed, "pending": pending[:MAX_PENDING],
+                  "cpu_s": round(self.cpu.seconds(), 2), "frames": innermost_frames(frame),
+                  "run_delay_s": round(self.cpu.run_delay_seconds(), 3)}
+        if source == "flight_recorder" and self.records % ARRIVALS_EVERY == 0:
+            try:
+                arrivals = self.flight_recorder.arrivals()
+                if arrivals:
+                    record["arrivals"] = arrivals
+            except Exception as error:
+                debug(f"no arrivals: {error!r}")
+        record["sent_ns"] = time.time_ns()  # The store's host reads this rank's clock offset.
+        return record
 
     def progress(self, dist, frame):
         """(source, (completed, pending)): a torch internal that is missing or changed costs
@@ -361,6 +376,7 @@ class FlightRecorderProbe:
         self.nothing_pending = {}  # (dump, pg id) -> a status a full dump found nothing in flight
         self.highest_completed = {}
         self.previous_call = None  # id() of the collective frame the main thread was in
+        self.arrivals_seen = {}    # group name -> the highest sequence number sent in arrivals
 
     def sample(self, call):
         """`call`: the main thread's collective frame, if any; one it is still in since the
@@ -405,6 +421,35 @@ class FlightRecorderProbe:
                 self.nothing_pending[key] = statuses[key]
         entries.sort(key=lambda item: item[1].get("time_created_ns", 0))
         return [self.describe(entry, now_ns) for _, entry in entries[:MAX_PENDING]]
+
+    def arrivals(self):
+        """When this rank enqueued each collective since the last call, for the straggler watch:
+        {"t0_ns": wall clock, "groups": {name: {"ranks": [...], "c": [[seq, us after t0,
+        elements], ...]}}}, the newest MAX_ARRIVALS of each group; None when nothing is new.
+        A full read without stack traces costs milliseconds for the recorder's 256 entries,
+        hence only every ARRIVALS_EVERY records."""
+        c10d = sys.modules["torch._C._distributed_c10d"]
+        by_group = {}
+        for name in self.recording:
+            dump = pickle.loads(getattr(c10d, name.removesuffix("_json"))(True, False, False))
+            for entry in dump.get("entries", []):
+                if entry.get("is_p2p"):
+                    continue
+                group = str((entry.get("process_group") or [entry.get("pg_id", "")])[0])
+                seq = entry.get("collective_seq_id", -1)
+                if seq > self.arrivals_seen.get(group, -1):
+                    by_group.setdefault(group, []).append(
+                        (seq, entry.get("time_created_ns", 0), element_count(entry.get("input_sizes"))))
+        if not by_group:
+            return None
+        t0 = min(created for entries in by_group.values() for _, created, _ in entries)
+        groups = {}
+        for group, entries in by_group.items():
+            entries = sorted(entries)[-MAX_ARRIVALS:]
+            self.arrivals_seen[group] = entries[-1][0]
+            groups[group] = {"ranks": self.groups.ranks(group),
+                             "c": [[seq, (created - t0) // 1000, size] for seq, created, size in entries]}
+        return {"t0_ns": t0, "groups": groups}
 
     def write_dump(self, path):
         """Writes the full pickled dump (NCCL's where it records) to `path`, whole or not at all."""
@@ -527,6 +572,17 @@ def outermost_backward(frame):
     return found
 
 
+def element_count(sizes):
+    """The elements of a collective's inputs, from the Flight Recorder's input_sizes."""
+    total = 0
+    for shape in sizes or []:
+        count = 1
+        for dimension in shape:
+            count *= dimension
+        total += count
+    return total
+
+
 def outermost_collective(frame):
     """The outermost frame of a torch.distributed collective on the stack (all_gather_object,
     not the all_gather it calls), or None."""
@@ -554,7 +610,18 @@ def backend_name(dist, group):
 
 
 class CpuClock:
-    """CPU seconds of this process, its reaped children and its live descendants, from /proc."""
+    """CPU seconds of this process, its reaped children and its live descendants, from /proc;
+    and how long its main thread waited for a CPU it was ready to run on."""
+
+    @staticmethod
+    def run_delay_seconds():
+        """/proc/<pid>/schedstat's run-queue wait of the main thread (0 where the kernel keeps
+        no schedstats): a rank starved of CPU by another process waits there."""
+        try:
+            with open(f"/proc/{os.getpid()}/schedstat", "rb") as schedstat:
+                return int(schedstat.read().split()[1]) / 1e9
+        except (OSError, IndexError, ValueError):
+            return 0.0
 
     def __init__(self):
         self.ticks_per_s = os.sysconf("SC_CLK_TCK")

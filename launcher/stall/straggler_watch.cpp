@@ -1,0 +1,252 @@
+#include "launcher/stall/straggler_watch.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace mcprun {
+namespace {
+
+using Clock = StragglerWatch::Clock;
+
+double seconds_between(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration<double>(to - from).count();
+}
+
+double median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  const size_t middle = values.size() / 2;
+  std::nth_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(middle), values.end());
+  return values[middle];
+}
+
+/// The main thread is in torch's DataLoader (the loader itself, or the dataset it fetches from).
+bool in_data_loader(const std::vector<std::string>& frames) {
+  return std::any_of(frames.begin(), frames.end(), [](const std::string& frame) {
+    return frame.starts_with("dataloader.py:") || frame.starts_with("fetch.py:");
+  });
+}
+
+std::string percent(double share) { return fmt::format("{:.0f}%", 100 * share); }
+
+std::string duration(double seconds) {
+  return seconds < 1 ? fmt::format("{:.0f} ms", seconds * 1000) : fmt::format("{:.1f} s", seconds);
+}
+
+// A run-queue wait this large, and this many times the others', is starvation, not noise.
+constexpr double kStarvedRunDelayShare = 0.2;
+constexpr double kStarvedOverOthers = 2;
+// Most of its samples in the data loader: the loader is where its time goes.
+constexpr double kDataLoaderShare = 0.5;
+// How many collectives a step may hold, for the period search.
+constexpr int64_t kMaxCollectivesPerStep = 32;
+
+}  // namespace
+
+void StragglerWatch::observe(const ProgressRecord& record, int64_t received_ns, Clock::time_point now) {
+  ranks_[record.rank] = {record.host, record.local_rank, record.pid};
+  if (record.sent_ns > 0) {
+    // The smallest (received - sent) is the rank's clock offset plus the shortest one-way delay.
+    const int64_t offset = received_ns - record.sent_ns;
+    auto [it, added] = offset_ns_.emplace(record.rank, offset);
+    if (!added) it->second = std::min(it->second, offset);
+  }
+  auto& history = history_[record.rank];
+  history.push_back({now, record.cpu_s, record.run_delay_s, in_data_loader(record.frames)});
+  while (!history.empty() && seconds_between(history.front().received, now) > settings_.window_s)
+    history.pop_front();
+
+  for (const auto& [group, arrivals] : record.arrivals) {
+    auto& reporting = reporting_[group];
+    if (std::find(reporting.begin(), reporting.end(), record.rank) == reporting.end())
+      reporting.push_back(record.rank);
+    auto& open = open_[group];
+    for (const GroupArrivals::Arrival& arrival : arrivals.arrivals) {
+      auto [it, added] = open.try_emplace(arrival.seq);
+      Collective& collective = it->second;
+      if (added) {
+        collective.first_seen = now;
+        collective.elements = arrival.elements;
+      }
+      if (!arrivals.group_ranks.empty()) collective.members = arrivals.group_ranks;
+      collective.created_ns[record.rank] = arrival.created_ns;
+      // A group of more than 64 ranks is sent without its members: every rank reporting it.
+      const size_t expected = collective.members.empty() ? reporting.size() : collective.members.size();
+      if (collective.created_ns.size() >= expected && expected > 1) {
+        complete(group, arrival.seq, collective, now);
+        open.erase(it);
+      }
+    }
+    // One that never completes (a rank's arrivals were not read in time) ages out.
+    std::erase_if(open, [&](const auto& entry) {
+      return seconds_between(entry.second.first_seen, now) > settings_.window_s;
+    });
+  }
+}
+
+void StragglerWatch::complete(const std::string& group, int64_t seq, Collective& collective,
+                              Clock::time_point now) {
+  std::vector<std::pair<int64_t, int>> arrivals;  // On this host's clock.
+  for (const auto& [rank, created] : collective.created_ns) {
+    auto offset = offset_ns_.find(rank);
+    arrivals.emplace_back(created + (offset == offset_ns_.end() ? 0 : offset->second), rank);
+  }
+  const auto last = std::max_element(arrivals.begin(), arrivals.end());
+  std::vector<double> others;
+  for (auto it = arrivals.begin(); it != arrivals.end(); ++it)
+    if (it != last) others.push_back(static_cast<double>(it->first));
+  Sample sample;
+  sample.seen = now;
+  sample.seq = seq;
+  sample.last_created_ns = last->first;
+  sample.elements = collective.elements;
+  sample.last_rank = last->second;
+  sample.lag_s = (static_cast<double>(last->first) - median(others)) / 1e9;
+  samples_[group].push_back(sample);
+}
+
+double StragglerWatch::step_seconds(const std::deque<Sample>& samples) const {
+  std::map<int64_t, const Sample*> by_seq;
+  for (const Sample& sample : samples) by_seq[sample.seq] = &sample;
+  // The step is the period of the collectives' sizes: DDP's buckets repeat every step.
+  for (int64_t period = 1; period <= kMaxCollectivesPerStep; ++period) {
+    int pairs = 0, same = 0;
+    std::vector<double> steps;
+    for (const auto& [seq, sample] : by_seq) {
+      auto next = by_seq.find(seq + period);
+      if (next == by_seq.end()) continue;
+      ++pairs;
+      if (next->second->elements != sample->elements) continue;
+      ++same;
+      steps.push_back(static_cast<double>(next->second->last_created_ns - sample->last_created_ns) / 1e9);
+    }
+    if (pairs >= 5 && same >= 0.9 * pairs) return median(std::move(steps));
+  }
+  return 0;
+}
+
+RankActivity StragglerWatch::activity(int rank, Clock::time_point) const {
+  RankActivity activity;
+  auto it = history_.find(rank);
+  if (it == history_.end() || it->second.size() < 2) return activity;
+  const auto& history = it->second;
+  const double wall = seconds_between(history.front().received, history.back().received);
+  if (wall > 0) {
+    activity.cpu_share = (history.back().cpu_s - history.front().cpu_s) / wall;
+    activity.run_delay_share = (history.back().run_delay_s - history.front().run_delay_s) / wall;
+  }
+  const auto loading = std::count_if(history.begin(), history.end(),
+                                     [](const RankRecord& record) { return record.in_data_loader; });
+  activity.data_loader_share = static_cast<double>(loading) / static_cast<double>(history.size());
+  return activity;
+}
+
+std::string StragglerWatch::cause_of(int rank, Clock::time_point now) const {
+  const RankActivity own = activity(rank, now);
+  std::vector<double> cpu, run_delay;
+  for (const auto& [other, history] : history_) {
+    if (other == rank) continue;
+    const RankActivity theirs = activity(other, now);
+    cpu.push_back(theirs.cpu_share);
+    run_delay.push_back(theirs.run_delay_share);
+  }
+  const double others_delay = median(run_delay);
+  if (own.run_delay_share >= kStarvedRunDelayShare &&
+      own.run_delay_share >= kStarvedOverOthers * others_delay)
+    return fmt::format("starved of CPU: it waited for a CPU {} of the time, the others {}",
+                       percent(own.run_delay_share), percent(others_delay));
+  if (own.data_loader_share >= kDataLoaderShare)
+    return fmt::format("in its data loader: {} of its samples were in torch's DataLoader",
+                       percent(own.data_loader_share));
+  return fmt::format("in its own compute: it used {} of a CPU, the others {}",
+                     percent(own.cpu_share), percent(median(cpu)));
+}
+
+std::optional<StragglerEpisode> StragglerWatch::judge(Clock::time_point now) const {
+  // The group with the most collectives in the window: the default group under DDP.
+  const std::deque<Sample>* samples = nullptr;
+  const std::string* group = nullptr;
+  for (const auto& [name, its] : samples_)
+    if (!samples || its.size() > samples->size()) {
+      samples = &its;
+      group = &name;
+    }
+  if (!samples || samples->size() < static_cast<size_t>(kMinStragglerCollectives)) return std::nullopt;
+  // Half a window at least: the first steps (warm-up, first buckets) are no pattern.
+  if (seconds_between(samples->front().seen, now) < settings_.window_s / 2) return std::nullopt;
+
+  std::map<int, std::vector<double>> lags;
+  for (const Sample& sample : *samples) lags[sample.last_rank].push_back(sample.lag_s);
+  const auto most = std::max_element(lags.begin(), lags.end(), [](const auto& a, const auto& b) {
+    return a.second.size() < b.second.size();
+  });
+  StragglerEpisode episode;
+  episode.rank = most->first;
+  episode.group = *group;
+  episode.collectives = static_cast<int>(samples->size());
+  episode.share = static_cast<double>(most->second.size()) / static_cast<double>(samples->size());
+  episode.median_lag_s = median(most->second);
+  episode.step_s = step_seconds(*samples);
+  if (episode.share < settings_.min_share || episode.median_lag_s < settings_.min_lag_s ||
+      (episode.step_s > 0 && episode.median_lag_s < settings_.min_step_share * episode.step_s))
+    return std::nullopt;
+  if (auto info = ranks_.find(episode.rank); info != ranks_.end()) {
+    episode.host = info->second.host;
+    episode.local_rank = info->second.local_rank;
+    episode.cause_pid = info->second.pid;
+  }
+  episode.cause = cause_of(episode.rank, now);
+  return episode;
+}
+
+std::string StragglerWatch::describe(const StragglerEpisode& episode, bool changed) const {
+  std::string where = episode.host.empty() ? "" : "node " + episode.host;
+  if (episode.local_rank >= 0)
+    where += fmt::format("{}local rank {}", where.empty() ? "" : ", ", episode.local_rank);
+  std::string text = fmt::format(
+      "straggler{}: rank {}{} arrives last at {} of the collectives on group {}, {} behind the "
+      "others (median of {}, over {:.0f} s)",
+      changed ? " now" : "", episode.rank, where.empty() ? "" : " (" + where + ")",
+      percent(episode.share), episode.group, duration(episode.median_lag_s), episode.collectives,
+      settings_.window_s);
+  if (episode.step_s > 0)
+    text += fmt::format("; the step takes {}, so {} of it is spent waiting for rank {}",
+                        duration(episode.step_s),
+                        percent(std::min(1.0, episode.median_lag_s / episode.step_s)), episode.rank);
+  return text + "; " + episode.cause;
+}
+
+std::optional<std::string> StragglerWatch::check(Clock::time_point now,
+                                                 std::chrono::system_clock::time_point wall) {
+  for (auto& [group, samples] : samples_)
+    while (!samples.empty() && seconds_between(samples.front().seen, now) > settings_.window_s)
+      samples.pop_front();
+  std::optional<StragglerEpisode> found = judge(now);
+  if (current_ && found && found->rank == episodes_.back().rank) {
+    StragglerEpisode& ongoing = episodes_.back();
+    const bool doubled = found->median_lag_s >= 2 * ongoing.median_lag_s;
+    if (!doubled || (last_line_ && seconds_between(*last_line_, now) < settings_.window_s)) {
+      ongoing.last_seen = wall;  // The same straggler, still: no new line.
+      return std::nullopt;
+    }
+  }
+  if (!found && !current_) return std::nullopt;
+  // At most one line a window; what is left unsaid is said at the next chance.
+  if (last_line_ && seconds_between(*last_line_, now) < settings_.window_s) return std::nullopt;
+  last_line_ = now;
+  if (!found) {
+    current_ = false;
+    const StragglerEpisode& ended = episodes_.back();
+    return fmt::format("straggler gone: rank {} no longer holds the others back (it did for {:.0f} s)",
+                       ended.rank, std::chrono::duration<double>(ended.last_seen - ended.first_seen).count() +
+                                       settings_.window_s);
+  }
+  const bool changed = current_;
+  found->first_seen = found->last_seen = wall;
+  episodes_.push_back(*found);
+  current_ = true;
+  return describe(*found, changed);
+}
+
+}  // namespace mcprun

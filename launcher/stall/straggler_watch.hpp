@@ -1,0 +1,108 @@
+// The straggler watch: which rank holds the others back while the job runs. DDP's all-reduce
+// evens out every rank's step, so step times name nobody; what differs is who arrives last.
+// Every rank's reporter sends when it enqueued its recent collectives (torch 2.x's Flight
+// Recorder); the node that serves the job store lines them up per collective, on one clock.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "launcher/config/launch_config.hpp"
+#include "launcher/stall/collective_watch.hpp"
+
+namespace mcprun {
+
+/// Fewer collectives than this in the window say nothing about who is last.
+inline constexpr int kMinStragglerCollectives = 20;
+
+/// One straggler, from the check that named it to the last that still did.
+struct StragglerEpisode {
+  int rank = 0;
+  std::string host;
+  int local_rank = -1;
+  std::string group;
+  std::chrono::system_clock::time_point first_seen, last_seen;
+  double share = 0;        ///< Of the window's collectives it arrived last at.
+  double median_lag_s = 0; ///< Behind the median of the others, where it was last.
+  int collectives = 0;     ///< In the window it was judged on.
+  double step_s = 0;       ///< The job's step, from the period of its collectives.
+  std::string cause;       ///< Where its time goes, in words.
+  int cause_pid = 0;       ///< Its process, for the node that runs it to look at (CPU hogs).
+};
+
+/// Where a rank's time went over the window, from its records.
+struct RankActivity {
+  double cpu_share = 0;        ///< CPU time per wall second.
+  double run_delay_share = 0;  ///< Waiting for a CPU per wall second.
+  double data_loader_share = 0;///< Records whose frames were in torch's data loader.
+};
+
+class StragglerWatch {
+ public:
+  using Clock = std::chrono::steady_clock;
+  explicit StragglerWatch(StragglerSettings settings) : settings_(settings) {}
+
+  /// A record as the store's host received it: `received_ns` on this host's wall clock.
+  void observe(const ProgressRecord& record, int64_t received_ns, Clock::time_point now);
+  /// What to tell the user now, at most one line a window: a straggler named, changed (another
+  /// rank, or its lag doubled) or gone. `wall` stamps the episodes.
+  std::optional<std::string> check(Clock::time_point now,
+                                   std::chrono::system_clock::time_point wall);
+  /// The straggler named now, if any.
+  const StragglerEpisode* current() const { return current_ ? &episodes_.back() : nullptr; }
+  /// Every straggler named in this attempt, oldest first.
+  const std::vector<StragglerEpisode>& episodes() const { return episodes_; }
+  /// Each rank's clock offset from this host's, plus the shortest one-way delay of its records.
+  const std::map<int, int64_t>& clock_offsets_ns() const { return offset_ns_; }
+
+ private:
+  struct Sample {
+    Clock::time_point seen;
+    int64_t seq = 0;
+    int64_t last_created_ns = 0;  ///< The last arrival, on this host's clock.
+    int64_t elements = 0;
+    int last_rank = 0;
+    double lag_s = 0;
+  };
+  struct Collective {
+    std::map<int, int64_t> created_ns;  ///< Rank -> its arrival, on this host's clock.
+    std::vector<int> members;
+    int64_t elements = 0;
+    Clock::time_point first_seen;
+  };
+  struct RankRecord {
+    Clock::time_point received;
+    double cpu_s = 0, run_delay_s = 0;
+    bool in_data_loader = false;
+  };
+  /// Ranks' names and processes, from their latest records.
+  struct RankInfo {
+    std::string host;
+    int local_rank = -1;
+    int pid = 0;
+  };
+  void complete(const std::string& group, int64_t seq, Collective& collective, Clock::time_point now);
+  std::optional<StragglerEpisode> judge(Clock::time_point now) const;
+  RankActivity activity(int rank, Clock::time_point now) const;
+  std::string cause_of(int rank, Clock::time_point now) const;
+  double step_seconds(const std::deque<Sample>& samples) const;
+  std::string describe(const StragglerEpisode& episode, bool changed) const;
+
+  StragglerSettings settings_;
+  std::map<int, int64_t> offset_ns_;  ///< Rank -> the smallest (received - sent) seen.
+  std::map<std::string, std::map<int64_t, Collective>> open_;    ///< group -> seq -> arrivals.
+  std::map<std::string, std::deque<Sample>> samples_;           ///< group -> completed, by age.
+  std::map<std::string, std::vector<int>> reporting_;           ///< group -> ranks seen in it.
+  std::map<int, std::deque<RankRecord>> history_;
+  std::map<int, RankInfo> ranks_;
+  std::vector<StragglerEpisode> episodes_;
+  bool current_ = false;
+  std::optional<Clock::time_point> last_line_;
+};
+
+}  // namespace mcprun

@@ -1,0 +1,197 @@
+#include "launcher/stall/straggler_watch.hpp"
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <random>
+
+namespace mcprun {
+namespace {
+
+using Clock = StragglerWatch::Clock;
+constexpr int64_t kSecond = 1'000'000'000;
+
+/// A job of `ranks` ranks on one host, one collective of `elements` per step, fed to the watch
+/// one record per rank per second, as the reporters send them.
+struct Job {
+  int ranks = 3;
+  double step_s = 1.0;
+  int64_t elements = 65;
+  StragglerSettings settings{.window_s = 20};
+  StragglerWatch watch{settings};
+  Clock::time_point now{};
+  int64_t wall_ns = 1'700'000'000 * kSecond;
+  int64_t seq = 0;
+  int record_number = 0;
+  /// Per rank: its clock's offset from the store host's, ns.
+  std::function<int64_t(int rank)> clock_offset = [](int) { return int64_t{0}; };
+  /// Per rank and step: how late it enqueues the step's collective, s.
+  std::function<double(int rank, int64_t seq)> delay = [](int, int64_t) { return 0.0; };
+  std::function<double(int rank)> run_delay_per_s = [](int) { return 0.0; };
+  std::function<double(int rank)> cpu_per_s = [](int) { return 1.0; };
+  std::function<std::vector<std::string>(int rank)> frames = [](int) {
+    return std::vector<std::string>{"train.py:40 in <module>", "train.py:12 in step"};
+  };
+  std::vector<std::string> lines;
+
+  /// Runs `seconds` of the job; returns the lines the watch printed.
+  void run(double seconds) {
+    const int records = static_cast<int>(seconds);
+    for (int second = 0; second < records; ++second) {
+      ++record_number;
+      std::map<int, ProgressRecord> records_now;
+      for (int rank = 0; rank < ranks; ++rank) {
+        ProgressRecord& record = records_now[rank];
+        record.rank = rank;
+        record.pid = 1000 + rank;
+        record.number = record_number;
+        record.host = "node-a";
+        record.local_rank = rank;
+        record.cpu_s = cpu_per_s(rank) * record_number;
+        record.run_delay_s = run_delay_per_s(rank) * record_number;
+        record.frames = frames(rank);
+        record.arrivals["0"].group_ranks.resize(static_cast<size_t>(ranks));
+        for (int r = 0; r < ranks; ++r) record.arrivals["0"].group_ranks[static_cast<size_t>(r)] = r;
+      }
+      const int steps = std::max(1, static_cast<int>(1.0 / step_s));
+      for (int step = 0; step < steps; ++step, ++seq) {
+        const int64_t start_ns = wall_ns + static_cast<int64_t>(step * step_s * kSecond);
+        for (int rank = 0; rank < ranks; ++rank)
+          records_now[rank].arrivals["0"].arrivals.push_back(
+              {seq, start_ns + static_cast<int64_t>(delay(rank, seq) * kSecond) + clock_offset(rank),
+               elements});
+      }
+      wall_ns += kSecond;
+      now += std::chrono::seconds(1);
+      for (auto& [rank, record] : records_now) {
+        record.sent_ns = wall_ns + clock_offset(rank);
+        watch.observe(record, wall_ns + 200'000, now);  // 0.2 ms on the wire.
+      }
+      if (auto line = watch.check(now, std::chrono::system_clock::now())) lines.push_back(*line);
+    }
+  }
+};
+
+std::mt19937& noise() {
+  static std::mt19937 generator(7);
+  return generator;
+}
+
+TEST(StragglerWatch, ARankThatIsLateEveryStepIsNamedWithItsLagAndTheStep) {
+  Job job;
+  job.step_s = 0.5;
+  job.delay = [](int rank, int64_t) { return rank == 2 ? 0.2 : 0.0; };
+  job.run(30);
+  ASSERT_EQ(job.lines.size(), 1u);
+  const std::string& line = job.lines[0];
+  EXPECT_NE(line.find("straggler: rank 2 (node node-a, local rank 2) arrives last at 100% of the "
+                      "collectives on group 0, 200 ms behind the others"),
+            std::string::npos) << line;
+  EXPECT_NE(line.find("the step takes 500 ms, so 40% of it is spent waiting for rank 2"),
+            std::string::npos) << line;
+  EXPECT_NE(line.find("in its own compute"), std::string::npos) << line;
+  ASSERT_EQ(job.watch.episodes().size(), 1u);
+  EXPECT_EQ(job.watch.episodes()[0].rank, 2);
+  EXPECT_NEAR(job.watch.episodes()[0].median_lag_s, 0.2, 0.001);
+}
+
+TEST(StragglerWatch, ABalancedJobWithNoiseNamesNobody) {
+  Job job;
+  job.step_s = 0.25;
+  std::uniform_real_distribution<double> jitter(0, 0.05);
+  job.delay = [&](int, int64_t) { return jitter(noise()); };
+  job.run(120);
+  EXPECT_TRUE(job.lines.empty()) << job.lines.front();
+}
+
+TEST(StragglerWatch, Rank0EvaluatingNowAndThenIsNoStraggler) {
+  Job job;
+  job.step_s = 0.1;
+  std::uniform_real_distribution<double> jitter(0, 0.01);
+  job.delay = [&](int rank, int64_t seq) { return jitter(noise()) + (rank == 0 && seq % 50 == 49 ? 2.0 : 0); };
+  job.run(120);
+  EXPECT_TRUE(job.lines.empty()) << job.lines.front();
+}
+
+TEST(StragglerWatch, JitterOnAShortStepNamesNobody) {
+  Job job;
+  job.step_s = 0.015;  // Steps under 20 ms, one rank always 2 ms late.
+  job.delay = [](int rank, int64_t) { return rank == 1 ? 0.002 : 0.0; };
+  job.run(60);
+  EXPECT_TRUE(job.lines.empty()) << job.lines.front();
+}
+
+TEST(StragglerWatch, AnotherNodesClockOffsetIsRemoved) {
+  Job job;
+  job.step_s = 0.5;
+  // Rank 2's node runs 3 s ahead: unremoved, rank 2 would look last every time.
+  job.clock_offset = [](int rank) { return rank == 2 ? 3 * kSecond : int64_t{0}; };
+  job.delay = [](int rank, int64_t) { return rank == 1 ? 0.1 : 0.0; };
+  job.run(30);
+  ASSERT_EQ(job.lines.size(), 1u);
+  EXPECT_NE(job.lines[0].find("straggler: rank 1 "), std::string::npos) << job.lines[0];
+  EXPECT_NE(job.lines[0].find("100 ms behind"), std::string::npos) << job.lines[0];
+}
+
+TEST(StragglerWatch, TheCauseIsTheDataLoaderOrStarvationWhereTheRecordsShowIt) {
+  Job loader;
+  loader.delay = [](int rank, int64_t) { return rank == 1 ? 0.3 : 0.0; };
+  loader.frames = [](int rank) {
+    return rank == 1 ? std::vector<std::string>{"train.py:30 in <module>", "dataloader.py:633 in __next__",
+                                                "fetch.py:51 in fetch", "train.py:9 in __getitem__"}
+                     : std::vector<std::string>{"train.py:33 in <module>"};
+  };
+  loader.run(30);
+  ASSERT_EQ(loader.lines.size(), 1u);
+  EXPECT_NE(loader.lines[0].find("in its data loader: 100% of its samples"), std::string::npos)
+      << loader.lines[0];
+
+  Job starved;
+  starved.delay = [](int rank, int64_t) { return rank == 0 ? 0.3 : 0.0; };
+  starved.run_delay_per_s = [](int rank) { return rank == 0 ? 0.5 : 0.01; };
+  starved.cpu_per_s = [](int rank) { return rank == 0 ? 0.5 : 1.0; };
+  starved.run(30);
+  ASSERT_EQ(starved.lines.size(), 1u);
+  EXPECT_NE(starved.lines[0].find("starved of CPU: it waited for a CPU 50% of the time, the others 1%"),
+            std::string::npos) << starved.lines[0];
+}
+
+TEST(StragglerWatch, OneLineAWindowAndOneWhenTheStragglerIsGone) {
+  Job job;
+  job.step_s = 0.5;
+  job.delay = [](int rank, int64_t seq) { return rank == 2 && seq < 80 ? 0.2 : 0.0; };
+  job.run(40);  // Named, then on time from step 80 (40 s).
+  ASSERT_EQ(job.lines.size(), 1u);
+  job.run(60);
+  ASSERT_EQ(job.lines.size(), 2u);
+  EXPECT_NE(job.lines[1].find("straggler gone: rank 2 no longer holds the others back"),
+            std::string::npos) << job.lines[1];
+  job.run(60);
+  EXPECT_EQ(job.lines.size(), 2u);
+}
+
+TEST(StragglerWatch, AnotherRankTakingOverEndsOneAndNamesTheOther) {
+  Job job;
+  job.step_s = 0.5;
+  job.delay = [](int rank, int64_t seq) { return rank == (seq < 60 ? 2 : 0) ? 0.2 : 0.0; };
+  job.run(90);
+  // While the window holds both, neither is last at 75%: the first is gone before the next.
+  ASSERT_EQ(job.lines.size(), 3u);
+  EXPECT_NE(job.lines[0].find("straggler: rank 2 "), std::string::npos) << job.lines[0];
+  EXPECT_NE(job.lines[1].find("straggler gone: rank 2 "), std::string::npos) << job.lines[1];
+  EXPECT_NE(job.lines[2].find("straggler: rank 0 "), std::string::npos) << job.lines[2];
+  EXPECT_EQ(job.watch.episodes().size(), 2u);
+}
+
+TEST(StragglerWatch, ALagThatDoublesIsOneMoreLine) {
+  Job job;
+  job.step_s = 1;
+  job.delay = [](int rank, int64_t seq) { return rank == 1 ? (seq < 30 ? 0.1 : 0.3) : 0.0; };
+  job.run(80);
+  ASSERT_EQ(job.lines.size(), 2u);
+  EXPECT_NE(job.lines[1].find("straggler now: rank 1 "), std::string::npos) << job.lines[1];
+  EXPECT_NE(job.lines[1].find("300 ms behind"), std::string::npos) << job.lines[1];
+}
+
+}  // namespace
+}  // namespace mcprun
