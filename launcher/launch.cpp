@@ -268,6 +268,7 @@ int Launch::run() {
     summary_.end_attempt(result, run_dir_->attempt(attempt), plan_->job.world_size);
     collectives_at_end_ = watch_->ranks_in_collectives();  // Before end_attempt forgets them.
     watch_->end_attempt();
+    summary_.set_stragglers(watch_->stragglers());
     if (auto code = conclude(result, attempt, restart_count)) return *code;
   }
 }
@@ -561,6 +562,7 @@ std::optional<int> Launch::conclude(const AttemptResult& result, int attempt, in
                                    config_.max_restarts, collectives_at_end_, hint)
                  .c_str(),
              stderr);
+  say_stragglers_before_the_end();
   name_nccl_logs(config_, result, run_dir_->attempt(attempt));
   code_without_restart_ = exit_code_for(root);
   if (restart_count >= config_.max_restarts || job_closed()) {
@@ -586,6 +588,7 @@ std::optional<int> Launch::conclude_stall(const AttemptResult& result, int attem
       hinted = &rank;
   if (hinted) summary_.set_hint(hinted->hint);
   std::fputs(report.c_str(), stderr);
+  say_stragglers_before_the_end();
   const auto report_file = run_dir_->attempt(attempt).attempt_dir / "stall_report.txt";
   std::ofstream(report_file) << report;
   spdlog::info("stall report saved to {}", report_file.string());
@@ -598,6 +601,15 @@ std::optional<int> Launch::conclude_stall(const AttemptResult& result, int attem
   spdlog::warn("restarting the worker group after the stall ({} of {} restarts)", restart_count + 1,
                config_.max_restarts);
   return std::nullopt;
+}
+
+void Launch::say_stragglers_before_the_end() const {
+  // A crawl before a failure or a stall is often its first sign: the report says it was seen.
+  for (const StragglerEpisode& straggler : watch_->stragglers())
+    spdlog::warn("before the end, rank {} was named a straggler ({} to {}): last at {:.0f}% of "
+                 "the collectives on group {}, {:.0f} ms behind; {}",
+                 straggler.rank, utc_timestamp(straggler.first_seen), utc_timestamp(straggler.last_seen),
+                 100 * straggler.share, straggler.group, 1000 * straggler.median_lag_s, straggler.cause);
 }
 
 HintJob Launch::hint_job(const std::map<int, int>& pids) const {

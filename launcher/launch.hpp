@@ -60,6 +60,8 @@ class Launch {
   StallHooks stall_hooks();
   /// What the failure hints know of this node's part of the job; `pids` by global rank.
   HintJob hint_job(const std::map<int, int>& pids) const;
+  /// One line per straggler the attempt named, after its failure or stall report.
+  void say_stragglers_before_the_end() const;
   /// What an attempt's end means: the exit code, or nullopt to run the next attempt.
   std::optional<int> conclude(const AttemptResult& result, int attempt, int& restart_count);
   std::optional<int> conclude_stall(const AttemptResult& result, int attempt, int restart_count);

@@ -52,6 +52,7 @@ struct Job {
         record.frames = frames(rank);
         record.arrivals["0"].group_ranks.resize(static_cast<size_t>(ranks));
         for (int r = 0; r < ranks; ++r) record.arrivals["0"].group_ranks[static_cast<size_t>(r)] = r;
+        record.arrivals["0"].step_s = step_s;  // As each rank's reporter finds it.
       }
       const int steps = std::max(1, static_cast<int>(1.0 / step_s));
       for (int step = 0; step < steps; ++step, ++seq) {
@@ -67,7 +68,9 @@ struct Job {
         record.sent_ns = wall_ns + clock_offset(rank);
         watch.observe(record, wall_ns + 200'000, now);  // 0.2 ms on the wire.
       }
-      if (auto line = watch.check(now, std::chrono::system_clock::now())) lines.push_back(*line);
+      const std::chrono::system_clock::time_point wall{
+          std::chrono::duration_cast<std::chrono::system_clock::duration>(std::chrono::nanoseconds(wall_ns))};
+      if (auto line = watch.check(now, wall)) lines.push_back(*line);
     }
   }
 };

@@ -186,6 +186,23 @@ RunSummary::~RunSummary() {
   sinks.erase(std::remove(sinks.begin(), sinks.end(), last_error_), sinks.end());
 }
 
+nlohmann::ordered_json RunSummary::stragglers_json() const {
+  auto stragglers = nlohmann::ordered_json::array();
+  for (const StragglerEpisode& straggler : stragglers_)
+    stragglers.push_back({{"rank", straggler.rank},
+                          {"node", straggler.host},
+                          {"local_rank", straggler.local_rank},
+                          {"group", straggler.group},
+                          {"first_seen", utc_timestamp(straggler.first_seen)},
+                          {"last_seen", utc_timestamp(straggler.last_seen)},
+                          {"median_lag_s", round_ms(straggler.median_lag_s)},
+                          {"share", std::round(straggler.share * 1000) / 1000},
+                          {"collectives", straggler.collectives},
+                          {"step_s", round_ms(straggler.step_s)},
+                          {"cause", straggler.cause}});
+  return stragglers;
+}
+
 void RunSummary::begin_attempt() {
   attempt_started_ = std::chrono::system_clock::now();
   hint_.clear();
@@ -328,6 +345,8 @@ nlohmann::ordered_json RunSummary::format_json(int exit_code) const {
                                                       {"seconds_before_failure",
                                                        round_ms(early_finisher_->seconds_before)}}
                              : nlohmann::ordered_json(nullptr)},
+      // Who held the others back while the job ran (the straggler watch), oldest first.
+      {"stragglers", stragglers_json()},
       {"world_size", last_ ? nlohmann::ordered_json(world_size_) : nlohmann::ordered_json(nullptr)},
       {"restarts", std::max(0, attempts_ - 1)},
       {"total_time_s", round_ms(total)},

@@ -45,6 +45,8 @@ class RunSummary {
   void set_hint(std::string hint) { hint_ = std::move(hint); }
   /// The rank whose clean exit the failing rank's lost peer most likely was: its `early_finisher`.
   void set_early_finisher(std::optional<EarlyFinisher> finisher) { early_finisher_ = finisher; }
+  /// The stragglers the last attempt named: its `stragglers`.
+  void set_stragglers(std::vector<StragglerEpisode> stragglers) { stragglers_ = std::move(stragglers); }
 
   /// The --summary-json document, for mcprun's exit code.
   nlohmann::ordered_json format_json(int exit_code) const;
@@ -70,6 +72,7 @@ class RunSummary {
     std::string root_cause;
   };
   Verdict verdict(int exit_code) const;
+  nlohmann::ordered_json stragglers_json() const;
   /// "rank 1 on host exited with exit code 7: ValueError: bad shard 17".
   std::string rank_ending(const Rank& rank) const;
   /// This rank's place in the stall report, when the last attempt stalled.
@@ -91,6 +94,7 @@ class RunSummary {
   std::vector<Rank> ranks_;
   std::string hint_;  ///< The last attempt's, when it failed or stalled; empty: none.
   std::optional<EarlyFinisher> early_finisher_;  ///< The last attempt's, when it failed.
+  std::vector<StragglerEpisode> stragglers_;     ///< The last attempt's.
   std::shared_ptr<LastErrorSink> last_error_;  ///< Explains an ending that no attempt does.
 };
 

@@ -75,6 +75,7 @@ Expected<ProgressRecord> parse_progress_record(std::string_view text) {
       for (const auto& [group, entry] : arrivals->at("groups").items()) {
         GroupArrivals& parsed = record.arrivals[group];
         parsed.group_ranks = entry.value("ranks", std::vector<int>{});
+        parsed.step_s = entry.value("step_us", 0.0) / 1e6;
         for (const auto& arrival : entry.at("c"))
           parsed.arrivals.push_back({arrival.at(0).get<int64_t>(),
                                      t0_ns + arrival.at(1).get<int64_t>() * 1000,

@@ -58,6 +58,7 @@ struct GroupArrivals {
     int64_t elements = 0;    ///< Of its inputs.
   };
   std::vector<Arrival> arrivals;  ///< By sequence number.
+  double step_s = 0;  ///< The rank's step, from the period of the group's collectives; 0: none.
 };
 
 /// One record of one rank's reporter.

@@ -39,8 +39,6 @@ constexpr double kStarvedRunDelayShare = 0.2;
 constexpr double kStarvedOverOthers = 2;
 // Most of its samples in the data loader: the loader is where its time goes.
 constexpr double kDataLoaderShare = 0.5;
-// How many collectives a step may hold, for the period search.
-constexpr int64_t kMaxCollectivesPerStep = 32;
 
 }  // namespace
 
@@ -58,6 +56,7 @@ void StragglerWatch::observe(const ProgressRecord& record, int64_t received_ns, 
     history.pop_front();
 
   for (const auto& [group, arrivals] : record.arrivals) {
+    if (arrivals.step_s > 0) steps_[group][record.rank] = arrivals.step_s;
     auto& reporting = reporting_[group];
     if (std::find(reporting.begin(), reporting.end(), record.rank) == reporting.end())
       reporting.push_back(record.rank);
@@ -65,16 +64,13 @@ void StragglerWatch::observe(const ProgressRecord& record, int64_t received_ns, 
     for (const GroupArrivals::Arrival& arrival : arrivals.arrivals) {
       auto [it, added] = open.try_emplace(arrival.seq);
       Collective& collective = it->second;
-      if (added) {
-        collective.first_seen = now;
-        collective.elements = arrival.elements;
-      }
+      if (added) collective.first_seen = now;
       if (!arrivals.group_ranks.empty()) collective.members = arrivals.group_ranks;
       collective.created_ns[record.rank] = arrival.created_ns;
       // A group of more than 64 ranks is sent without its members: every rank reporting it.
       const size_t expected = collective.members.empty() ? reporting.size() : collective.members.size();
       if (collective.created_ns.size() >= expected && expected > 1) {
-        complete(group, arrival.seq, collective, now);
+        complete(group, collective);
         open.erase(it);
       }
     }
@@ -85,8 +81,7 @@ void StragglerWatch::observe(const ProgressRecord& record, int64_t received_ns, 
   }
 }
 
-void StragglerWatch::complete(const std::string& group, int64_t seq, Collective& collective,
-                              Clock::time_point now) {
+void StragglerWatch::complete(const std::string& group, const Collective& collective) {
   std::vector<std::pair<int64_t, int>> arrivals;  // On this host's clock.
   for (const auto& [rank, created] : collective.created_ns) {
     auto offset = offset_ns_.find(rank);
@@ -97,33 +92,10 @@ void StragglerWatch::complete(const std::string& group, int64_t seq, Collective&
   for (auto it = arrivals.begin(); it != arrivals.end(); ++it)
     if (it != last) others.push_back(static_cast<double>(it->first));
   Sample sample;
-  sample.seen = now;
-  sample.seq = seq;
   sample.last_created_ns = last->first;
-  sample.elements = collective.elements;
   sample.last_rank = last->second;
   sample.lag_s = (static_cast<double>(last->first) - median(others)) / 1e9;
   samples_[group].push_back(sample);
-}
-
-double StragglerWatch::step_seconds(const std::deque<Sample>& samples) const {
-  std::map<int64_t, const Sample*> by_seq;
-  for (const Sample& sample : samples) by_seq[sample.seq] = &sample;
-  // The step is the period of the collectives' sizes: DDP's buckets repeat every step.
-  for (int64_t period = 1; period <= kMaxCollectivesPerStep; ++period) {
-    int pairs = 0, same = 0;
-    std::vector<double> steps;
-    for (const auto& [seq, sample] : by_seq) {
-      auto next = by_seq.find(seq + period);
-      if (next == by_seq.end()) continue;
-      ++pairs;
-      if (next->second->elements != sample->elements) continue;
-      ++same;
-      steps.push_back(static_cast<double>(next->second->last_created_ns - sample->last_created_ns) / 1e9);
-    }
-    if (pairs >= 5 && same >= 0.9 * pairs) return median(std::move(steps));
-  }
-  return 0;
 }
 
 RankActivity StragglerWatch::activity(int rank, Clock::time_point) const {
@@ -163,7 +135,7 @@ std::string StragglerWatch::cause_of(int rank, Clock::time_point now) const {
                      percent(own.cpu_share), percent(median(cpu)));
 }
 
-std::optional<StragglerEpisode> StragglerWatch::judge(Clock::time_point now) const {
+std::optional<StragglerEpisode> StragglerWatch::judge(Clock::time_point now, int64_t wall_ns) const {
   // The group with the most collectives in the window: the default group under DDP.
   const std::deque<Sample>* samples = nullptr;
   const std::string* group = nullptr;
@@ -174,7 +146,8 @@ std::optional<StragglerEpisode> StragglerWatch::judge(Clock::time_point now) con
     }
   if (!samples || samples->size() < static_cast<size_t>(kMinStragglerCollectives)) return std::nullopt;
   // Half a window at least: the first steps (warm-up, first buckets) are no pattern.
-  if (seconds_between(samples->front().seen, now) < settings_.window_s / 2) return std::nullopt;
+  if (static_cast<double>(wall_ns - samples->front().last_created_ns) / 1e9 < settings_.window_s / 2)
+    return std::nullopt;
 
   std::map<int, std::vector<double>> lags;
   for (const Sample& sample : *samples) lags[sample.last_rank].push_back(sample.lag_s);
@@ -187,7 +160,11 @@ std::optional<StragglerEpisode> StragglerWatch::judge(Clock::time_point now) con
   episode.collectives = static_cast<int>(samples->size());
   episode.share = static_cast<double>(most->second.size()) / static_cast<double>(samples->size());
   episode.median_lag_s = median(most->second);
-  episode.step_s = step_seconds(*samples);
+  if (auto steps = steps_.find(*group); steps != steps_.end()) {
+    std::vector<double> each;
+    for (const auto& [rank, step] : steps->second) each.push_back(step);
+    episode.step_s = median(std::move(each));
+  }
   if (episode.share < settings_.min_share || episode.median_lag_s < settings_.min_lag_s ||
       (episode.step_s > 0 && episode.median_lag_s < settings_.min_step_share * episode.step_s))
     return std::nullopt;
@@ -219,10 +196,16 @@ std::string StragglerWatch::describe(const StragglerEpisode& episode, bool chang
 
 std::optional<std::string> StragglerWatch::check(Clock::time_point now,
                                                  std::chrono::system_clock::time_point wall) {
-  for (auto& [group, samples] : samples_)
-    while (!samples.empty() && seconds_between(samples.front().seen, now) > settings_.window_s)
+  // By when the collectives happened, not when their arrivals were read (every few seconds).
+  const int64_t wall_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(wall.time_since_epoch()).count();
+  for (auto& [group, samples] : samples_) {
+    std::sort(samples.begin(), samples.end(),
+              [](const Sample& a, const Sample& b) { return a.last_created_ns < b.last_created_ns; });
+    while (!samples.empty() &&
+           static_cast<double>(wall_ns - samples.front().last_created_ns) / 1e9 > settings_.window_s)
       samples.pop_front();
-  std::optional<StragglerEpisode> found = judge(now);
+  }
+  std::optional<StragglerEpisode> found = judge(now, wall_ns);
   if (current_ && found && found->rank == episodes_.back().rank) {
     StragglerEpisode& ongoing = episodes_.back();
     const bool doubled = found->median_lag_s >= 2 * ongoing.median_lag_s;

@@ -62,17 +62,13 @@ class StragglerWatch {
 
  private:
   struct Sample {
-    Clock::time_point seen;
-    int64_t seq = 0;
-    int64_t last_created_ns = 0;  ///< The last arrival, on this host's clock.
-    int64_t elements = 0;
+    int64_t last_created_ns = 0;  ///< The last arrival, on this host's wall clock.
     int last_rank = 0;
     double lag_s = 0;
   };
   struct Collective {
     std::map<int, int64_t> created_ns;  ///< Rank -> its arrival, on this host's clock.
     std::vector<int> members;
-    int64_t elements = 0;
     Clock::time_point first_seen;
   };
   struct RankRecord {
@@ -86,11 +82,10 @@ class StragglerWatch {
     int local_rank = -1;
     int pid = 0;
   };
-  void complete(const std::string& group, int64_t seq, Collective& collective, Clock::time_point now);
-  std::optional<StragglerEpisode> judge(Clock::time_point now) const;
+  void complete(const std::string& group, const Collective& collective);
+  std::optional<StragglerEpisode> judge(Clock::time_point now, int64_t wall_ns) const;
   RankActivity activity(int rank, Clock::time_point now) const;
   std::string cause_of(int rank, Clock::time_point now) const;
-  double step_seconds(const std::deque<Sample>& samples) const;
   std::string describe(const StragglerEpisode& episode, bool changed) const;
 
   StragglerSettings settings_;
@@ -98,6 +93,7 @@ class StragglerWatch {
   std::map<std::string, std::map<int64_t, Collective>> open_;    ///< group -> seq -> arrivals.
   std::map<std::string, std::deque<Sample>> samples_;           ///< group -> completed, by age.
   std::map<std::string, std::vector<int>> reporting_;           ///< group -> ranks seen in it.
+  std::map<std::string, std::map<int, double>> steps_;          ///< group -> rank -> its step.
   std::map<int, std::deque<RankRecord>> history_;
   std::map<int, RankInfo> ranks_;
   std::vector<StragglerEpisode> episodes_;

@@ -81,6 +81,7 @@ HOST = socket.gethostname()
 # The straggler watch's arrivals: read every this many records, at most this many per group.
 ARRIVALS_EVERY = 4
 MAX_ARRIVALS = 64
+MAX_COLLECTIVES_PER_STEP = 32
 MAX_NAME_CHARS = 80
 # How often /proc is scanned for new descendants; known ones are read every interval.
 DESCENDANT_SCAN_S = 10.0
@@ -423,9 +424,12 @@ class FlightRecorderProbe:
         return [self.describe(entry, now_ns) for _, entry in entries[:MAX_PENDING]]
 
     def arrivals(self):
-        """When this rank enqueued each collective since the last call, for the straggler watch:
+        """When this rank enqueued its collectives since the last call, for the straggler watch:
         {"t0_ns": wall clock, "groups": {name: {"ranks": [...], "c": [[seq, us after t0,
-        elements], ...]}}}, the newest MAX_ARRIVALS of each group; None when nothing is new.
+        elements], ...], "step_us": its step}}}; None when nothing is new. Past MAX_ARRIVALS a
+        group's are thinned to the sequence numbers divisible by a power of two, so that every
+        rank keeps the multiples of the largest stride and the same collectives line up. The step
+        is the period of the sizes of all the recorder holds (DDP's buckets repeat every step).
         A full read without stack traces costs milliseconds for the recorder's 256 entries,
         hence only every ARRIVALS_EVERY records."""
         c10d = sys.modules["torch._C._distributed_c10d"]
@@ -436,19 +440,27 @@ class FlightRecorderProbe:
                 if entry.get("is_p2p"):
                     continue
                 group = str((entry.get("process_group") or [entry.get("pg_id", "")])[0])
-                seq = entry.get("collective_seq_id", -1)
-                if seq > self.arrivals_seen.get(group, -1):
-                    by_group.setdefault(group, []).append(
-                        (seq, entry.get("time_created_ns", 0), element_count(entry.get("input_sizes"))))
-        if not by_group:
-            return None
-        t0 = min(created for entries in by_group.values() for _, created, _ in entries)
-        groups = {}
+                by_group.setdefault(group, {})[entry.get("collective_seq_id", -1)] = (
+                    entry.get("time_created_ns", 0), element_count(entry.get("input_sizes")))
+        groups, t0 = {}, None
         for group, entries in by_group.items():
-            entries = sorted(entries)[-MAX_ARRIVALS:]
-            self.arrivals_seen[group] = entries[-1][0]
-            groups[group] = {"ranks": self.groups.ranks(group),
-                             "c": [[seq, (created - t0) // 1000, size] for seq, created, size in entries]}
+            new = sorted(seq for seq in entries if seq > self.arrivals_seen.get(group, -1))
+            if not new:
+                continue
+            self.arrivals_seen[group] = new[-1]
+            stride = 1
+            while len(new) > MAX_ARRIVALS * stride:
+                stride *= 2
+            kept = [seq for seq in new if seq % stride == 0]
+            t0 = min([entries[seq][0] for seq in kept] + ([t0] if t0 is not None else []))
+            groups[group] = {"ranks": self.groups.ranks(group), "kept": kept, "entries": entries,
+                             "step_us": step_of(entries) // 1000}
+        if not groups:
+            return None
+        for group in groups.values():
+            entries = group.pop("entries")
+            group["c"] = [[seq, (entries[seq][0] - t0) // 1000, entries[seq][1]]
+                          for seq in group.pop("kept")]
         return {"t0_ns": t0, "groups": groups}
 
     def write_dump(self, path):
@@ -570,6 +582,18 @@ def outermost_backward(frame):
             found = frame
         frame = frame.f_back
     return found
+
+
+def step_of(entries):
+    """The step in ns from {seq: (created ns, elements)}: the smallest period P at which the
+    collectives' sizes repeat (DDP's buckets, then what the loop adds), and the median time
+    from one to the same one P later; 0 when no period shows."""
+    for period in range(1, MAX_COLLECTIVES_PER_STEP + 1):
+        pairs = [(entries[seq], entries[seq + period]) for seq in entries if seq + period in entries]
+        steps = sorted(later[0] - first[0] for first, later in pairs if first[1] == later[1])
+        if len(pairs) >= 5 and len(steps) >= 0.75 * len(pairs):
+            return steps[len(steps) // 2]
+    return 0
 
 
 def element_count(sizes):
