@@ -167,7 +167,7 @@ TEST(Console, StdoutAndStderrOnOneScreenShareOneCursor) {
   err.write_progress(&rank0_err, "[rank0]:", " 98%");
   out.write_line(&rank1_out, "[rank1]:", "rank 1 done");
   err.write_progress(&rank0_err, "[rank0]:", "100%");
-  err.end_progress(&rank0_err);
+  err.end_progress(&rank0_err, "[rank0]:", "100%");
   EXPECT_EQ(screen.drain(), "\r[rank0]: 98%\n[rank1]:rank 1 done\n\r[rank0]:100%\n");
 }
 
@@ -180,7 +180,7 @@ TEST(Console, OnATerminalAnotherRanksLineGoesAboveTheProgressLine) {
   err.write_progress(&rank0_err, "[rank0]:", " 98%");
   out.write_line(&rank1_out, "[rank1]:", "rank 1 done");  // Erases the bar, draws it below.
   err.write_progress(&rank0_err, "[rank0]:", "100%");
-  err.end_progress(&rank0_err);
+  err.end_progress(&rank0_err, "[rank0]:", "100%");
   const std::string expected =
       "\r[rank0]: 98%"
       "\r\x1b[K[rank1]:rank 1 done\n\r[rank0]: 98%"
@@ -188,17 +188,49 @@ TEST(Console, OnATerminalAnotherRanksLineGoesAboveTheProgressLine) {
   EXPECT_EQ(screen.read(expected.size()), expected);
 }
 
-TEST(Console, OnATerminalAnotherRanksProgressUpdateEndsTheProgressLine) {
+TEST(Console, OnATerminalTheLatestRanksBarTakesTheProgressLineAndEachEndsAsALine) {
   TerminalConsole screen;
   Console out(screen.terminal.get()), err(screen.terminal.get(), out);
   int rank0_err = 0, rank1_err = 1;
   err.write_progress(&rank0_err, "[rank0]:", " 10%");
   err.write_progress(&rank1_err, "[rank1]:", " 10%");
   err.write_progress(&rank0_err, "[rank0]:", " 20%");
-  err.end_progress(&rank1_err);  // Already ended by rank 0's update: nothing to end.
-  err.end_progress(&rank0_err);
-  const std::string expected = "\r[rank0]: 10%\n\r[rank1]: 10%\n\r[rank0]: 20%\n";
+  err.end_progress(&rank1_err, "[rank1]:", " 10%");  // Goes above rank 0's bar.
+  err.end_progress(&rank0_err, "[rank0]:", " 20%");
+  const std::string expected =
+      "\r[rank0]: 10%"
+      "\r\x1b[K\r[rank1]: 10%"
+      "\r\x1b[K\r[rank0]: 20%"
+      "\r\x1b[K[rank1]: 10%\n\r[rank0]: 20%"
+      "\n";
   EXPECT_EQ(screen.read(expected.size()), expected);
+}
+
+TEST(Console, ABarThatGaveWayToOneThatEndedIsWrittenOutWhenItEnds) {
+  TerminalConsole screen;
+  Console console(screen.terminal.get());
+  int rank0 = 0, rank1 = 1;
+  console.write_progress(&rank0, "[rank0]:", " 50%");
+  console.write_progress(&rank1, "[rank1]:", "100%");
+  console.end_progress(&rank1, "[rank1]:", "100%");
+  console.end_progress(&rank0, "[rank0]:", " 50%");
+  const std::string expected =
+      "\r[rank0]: 50%"
+      "\r\x1b[K\r[rank1]:100%"
+      "\n"
+      "[rank0]: 50%\n";
+  EXPECT_EQ(screen.read(expected.size()), expected);
+}
+
+TEST(Console, WhereNothingCanBeErasedAnotherRanksUpdateEndsTheProgressLine) {
+  PipeConsole pipe;
+  Console console(pipe.write_end.get());
+  int rank0 = 0, rank1 = 1;
+  console.write_progress(&rank0, "[rank0]:", " 10%");
+  console.write_progress(&rank1, "[rank1]:", " 10%");
+  console.end_progress(&rank0, "[rank0]:", " 10%");  // Its line is there already.
+  console.end_progress(&rank1, "[rank1]:", " 10%");
+  EXPECT_EQ(pipe.drain(), "\r[rank0]: 10%\n\r[rank1]: 10%\n");
 }
 
 TEST(Console, StreamsToDifferentFilesKeepACursorEach) {
@@ -207,7 +239,7 @@ TEST(Console, StreamsToDifferentFilesKeepACursorEach) {
   int rank0_err = 0, rank1_out = 1;
   err.write_progress(&rank0_err, "[rank0]:", " 98%");
   out.write_line(&rank1_out, "[rank1]:", "rank 1 done");
-  err.end_progress(&rank0_err);
+  err.end_progress(&rank0_err, "[rank0]:", " 98%");
   EXPECT_EQ(out_file.drain(), "[rank1]:rank 1 done\n");
   EXPECT_EQ(err_file.drain(), "\r[rank0]: 98%\n");
 }

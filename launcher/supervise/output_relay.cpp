@@ -206,19 +206,30 @@ void Console::write_line(const void* source, std::string_view prefix, std::strin
 void Console::write_progress(const void* source, std::string_view prefix, std::string_view text) {
   Cursor& cursor = *cursor_;
   std::string update;
-  // Another rank's progress line stays as it is, a line of its own.
-  if (cursor.open_line && cursor.open_line != source) update += '\n';
+  // Another's progress line gives way: on a terminal it is erased (written out again when it
+  // ends), elsewhere it stays as it is, a line of its own.
+  if (cursor.open_line && cursor.open_line != source) update += terminal_ ? "\r\x1b[K" : "\n";
   cursor.drawn = "\r" + prefixed(prefix, text);
   cursor.open_line = source;
   update += cursor.drawn;
   write(update);
 }
 
-void Console::end_progress(const void* source) {
-  if (cursor_->open_line != source) return;  // Another rank's progress update already ended it.
-  cursor_->open_line = nullptr;
-  cursor_->drawn.clear();
-  write("\n");
+void Console::end_progress(const void* source, std::string_view prefix, std::string_view text) {
+  Cursor& cursor = *cursor_;
+  if (cursor.open_line == source) {
+    cursor.open_line = nullptr;
+    cursor.drawn.clear();
+    write("\n");
+    return;
+  }
+  // Elsewhere the line another's update ended is still there; on a terminal that update erased
+  // it, so its last state goes above the bar that took its place.
+  if (!terminal_) return;
+  std::string line = cursor.open_line ? "\r\x1b[K" : "";
+  line.append(prefixed(prefix, text)).push_back('\n');
+  line += cursor.drawn;
+  write(line);
 }
 
 void Console::write(std::string_view text) { write_all(fd_, text); }
@@ -346,7 +357,7 @@ void RankOutput::end_line(Stream& stream) {
     return;
   }
   if (stream.route.to_console) {
-    if (bare_end) stream.console->end_progress(&stream);
+    if (bare_end) stream.console->end_progress(&stream, prefix_, line);
     else stream.console->write_line(&stream, prefix_, line);
   }
   tail_.push_back(line);

@@ -50,9 +50,10 @@ winsize rank_window(const winsize& console, std::string_view prefix);
 size_t complete_length(std::string_view text);
 
 /// One of mcprun's own output streams, shared by every rank's relay. It remembers whose progress
-/// line the cursor sits on, so that nothing is written into the middle of a line: on a terminal
-/// another rank's line goes above the progress line, which stays at the bottom; another rank's
-/// progress update (or any line, where nothing can be erased) first ends it.
+/// line the cursor sits on, so that nothing is written into the middle of a line. On a terminal
+/// one progress line stays at the bottom, the bar last updated: another rank's line goes above
+/// it, another rank's update takes its place, and a bar that gave way is written out as a line
+/// when it ends. Where nothing can be erased, another rank's output first ends the line.
 class Console {
  public:
   explicit Console(int fd);
@@ -63,14 +64,15 @@ class Console {
   bool is_terminal() const { return terminal_; }
   /// The terminal's size; nullopt when the stream is no terminal.
   std::optional<winsize> window_size() const;
-  /// A whole line of `source`'s, in one write; it replaces `source`'s open progress line, or
-  /// goes above another's.
+  /// A whole line of `source`'s, in one write; it replaces `source`'s progress line, or goes
+  /// above another's.
   void write_line(const void* source, std::string_view prefix, std::string_view text);
   /// A progress update: rewrites `source`'s open line in place ("\r"), the cursor left after it;
-  /// another's open progress line stays as it is, a line.
+  /// on a terminal it takes the place of another's progress line, elsewhere it ends it.
   void write_progress(const void* source, std::string_view prefix, std::string_view text);
-  /// `source` ended its progress line with a bare newline: the update shown stays as a line.
-  void end_progress(const void* source);
+  /// `source` ended its progress line with a bare newline: `text`, the update it showed last,
+  /// stays as a line (written again where another's bar took its place).
+  void end_progress(const void* source, std::string_view prefix, std::string_view text);
 
  private:
   /// Where the cursor is, as the relays left it; one per screen, so shared by the two streams

@@ -222,18 +222,35 @@ class TerminalTest(LauncherTestCase):
                 self.assert_bar_on_one_line(self.run_bar_job(script, columns), columns)
                 self.close_tmux()
 
-    def test_a_resized_window_keeps_the_bar_on_one_line_at_its_new_width(self):
+    def test_a_resized_window_keeps_the_bar_updating_on_one_line_at_its_new_width(self):
         self.env["PYTHON_EXEC"] = VENV_PYTHON
         self.env["MCPRUN_TEST_RESIZE"] = "1"
-        self.run_in_tmux("-n", "2", self.script("bar.py", TQDM_ON_RANK_0), columns=80)
-        self.assertTrue(wait_for(lambda: "[rank0]:epoch 0:" in self.screen(), 60), self.screen())
-        resized = self.tmux("resize-window", "-x", "120", "-y", "30")
-        self.assertEqual(resized.returncode, 0, resized.stderr)
-        self.assertTrue(wait_for(lambda: self.exit_code() is not None, 120), self.screen())
-        self.assertEqual(self.exit_code(), 0, self.screen())
-        lines = self.scrollback()
-        self.assert_bar_on_one_line(lines, 120)
-        self.assert_bar_fills_the_line(lines, 120)
+        script = self.script("bar.py", TQDM_ON_RANK_0)
+        for before, after in ((80, 120), (120, 80)):
+            with self.subTest(before=before, after=after):
+                self.run_in_tmux("-n", "2", script, columns=before)
+                self.assertTrue(wait_for(lambda: "[rank0]:epoch 0:" in self.screen(), 60),
+                                self.screen())
+                resized = self.tmux("resize-window", "-x", str(after), "-y", "30")
+                self.assertEqual(resized.returncode, 0, resized.stderr)
+                self.assertTrue(wait_for(lambda: self.exit_code() is not None, 120), self.screen())
+                self.assertEqual(self.exit_code(), 0, self.screen())
+                # The screen's rows as drawn, a wrapped line's parts apart.
+                rows = self.tmux("capture-pane", "-p", "-S", "-").stdout.splitlines()
+                bars = [row for row in rows if "epoch 0" in row]
+                states = [int(match.group(1)) for row in bars
+                          if (match := re.match(r"\[rank0\]:epoch 0:\s*(\d+)%", row))]
+                # Rank 0 passes step 10 (25%) only once its terminal has the new width: every
+                # update from there on shares one line, which ends in the last state.
+                self.assertEqual([state for state in states if state >= 25], [100], "\n".join(rows))
+                if after > before:  # Nothing wraps: the bar never left its line.
+                    self.assertEqual(len(bars), 1, "\n".join(rows))
+                # A narrower window re-wraps what was drawn before it (tmux does, as most terminals
+                # do): what is left above the bar is the terminal's.
+                self.assertTrue(bars[-1].startswith("[rank0]:epoch 0: 100%"), bars[-1])
+                self.assertEqual(len(bars[-1].rstrip()), after - 1, bars[-1])
+                self.assertIn("[rank1]:rank 1 done", rows)
+                self.close_tmux()
 
     def test_two_ranks_with_bars_never_share_a_line(self):
         lines = self.run_bar_job(self.script("bars.py", TQDM_ON_EVERY_RANK), 120)
