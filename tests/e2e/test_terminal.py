@@ -27,9 +27,10 @@ if os.environ["RANK"] == "0":
 """
 
 # The idiom of every training loop: a bar on rank 0 only, tqdm's defaults, a barrier each step.
-# Rank 1 says it is done at once, while rank 0's bar is still open. With MCPRUN_TEST_RESIZE=1 the
-# bar reads the width at each update, and rank 0 waits at step 10 until its terminal's width is no
-# longer the one it started with (the test resizes the window once it sees the bar).
+# Rank 1 prints a line halfway, while rank 0's bar is open, and says it is done as soon as its
+# loop ends (rank 0's bar may still be open, or not). With MCPRUN_TEST_RESIZE=1 the bar reads the
+# width at each update, and rank 0 waits at step 10 until its terminal's width is no longer the one
+# it started with (the test resizes the window once it sees the bar).
 TQDM_ON_RANK_0 = """
 import os, sys, time
 import torch.distributed as dist
@@ -43,6 +44,8 @@ for step in tqdm(range(40), desc="epoch 0", disable=rank != 0, dynamic_ncols=dyn
         deadline = time.monotonic() + 30
         while os.get_terminal_size(sys.stderr.fileno()).columns == width and time.monotonic() < deadline:
             time.sleep(0.02)
+    if rank == 1 and step == 20:
+        print("rank 1 halfway", flush=True)
     dist.barrier()
     time.sleep(0.05)
 print(f"rank {rank} done", flush=True)
@@ -50,6 +53,7 @@ dist.barrier()
 dist.destroy_process_group()
 """
 
+# The same with rich, whose bar erases its line before each redraw.
 RICH_ON_RANK_0 = """
 import time
 import torch.distributed as dist
@@ -57,6 +61,8 @@ from rich.progress import track
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 for step in track(range(40), description="epoch 0", disable=rank != 0):
+    if rank == 1 and step == 20:
+        print("rank 1 halfway", flush=True)
     dist.barrier()
     time.sleep(0.05)
 print(f"rank {rank} done", flush=True)
@@ -156,8 +162,8 @@ class TerminalTest(LauncherTestCase):
         self.assertEqual(len(bars), 1, "\n".join(lines))
         self.assertTrue(bars[0].startswith("[rank0]:epoch 0"), bars[0])
         self.assertIn("100%", bars[0])  # The last state.
-        self.assertIn("[rank1]:rank 1 done", lines, "\n".join(lines))
-        self.assertIn("[rank0]:rank 0 done", lines, "\n".join(lines))
+        for line in ("[rank1]:rank 1 halfway", "[rank1]:rank 1 done", "[rank0]:rank 0 done"):
+            self.assertIn(line, lines, "\n".join(lines))
         self.assert_one_rank_per_line(lines, columns)
 
     def exit_code(self):
