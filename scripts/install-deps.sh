@@ -35,13 +35,13 @@ fi
 venv="$(cd "$(dirname "$0")/.." && pwd)/.venv"
 torch2=2.13.0
 if [ "$("$venv/bin/python" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null)" = "$torch2" ] &&
-   [ -x "$venv/bin/py-spy" ] && "$venv/bin/python" -c 'import tqdm' 2>/dev/null; then
-  echo "install-deps: $venv has torch $torch2, py-spy and tqdm"
+   [ -x "$venv/bin/py-spy" ] && "$venv/bin/python" -c 'import tqdm, rich' 2>/dev/null; then
+  echo "install-deps: $venv has torch $torch2, py-spy, tqdm and rich"
 else
-  echo "install-deps: creating $venv with torch $torch2, py-spy and tqdm"
+  echo "install-deps: creating $venv with torch $torch2, py-spy, tqdm and rich"
   /usr/bin/python3 -m venv "$venv"
-  # tqdm: the progress bar tests/e2e/test_terminal.py watches on a real terminal.
-  "$venv/bin/pip" install -q --disable-pip-version-check "torch==$torch2" numpy py-spy tqdm
+  # tqdm and rich: the progress bars tests/e2e/test_terminal.py watches on a real terminal.
+  "$venv/bin/pip" install -q --disable-pip-version-check "torch==$torch2" numpy py-spy tqdm rich
 fi
 
 # The wheel's tooling (pyproject.toml, tests/e2e/test_wheel.py), built without build isolation so

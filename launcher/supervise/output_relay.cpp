@@ -2,10 +2,12 @@
 
 #include <fcntl.h>
 #include <pty.h>
+#include <sys/stat.h>
 #include <termios.h>
 #include <unistd.h>
 
 #include <boost/asio/buffer.hpp>
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstring>
@@ -23,6 +25,53 @@ void write_all(int fd, std::string_view text) {
     if (n <= 0) return;  // Console gone (closed pipe): keep logging to files regardless.
     text.remove_prefix(static_cast<size_t>(n));
   }
+}
+
+/// Where the control sequence at text[start] (an ESC) ends, one past its last byte; npos when
+/// the text ends first.
+size_t control_sequence_end(std::string_view text, size_t start) {
+  if (start + 1 >= text.size()) return std::string_view::npos;
+  const char kind = text[start + 1];
+  if (kind == '[') {  // CSI: parameters, then one final byte in @..~.
+    for (size_t i = start + 2; i < text.size(); ++i)
+      if (text[i] >= '@' && text[i] <= '~') return i + 1;
+    return std::string_view::npos;
+  }
+  if (kind == ']') {  // OSC (a window title, a link): up to BEL or ESC backslash.
+    for (size_t i = start + 2; i < text.size(); ++i) {
+      if (text[i] == '\a') return i + 1;
+      if (text[i] == 0x1b) return i + 1 < text.size() ? i + 2 : std::string_view::npos;
+    }
+    return std::string_view::npos;
+  }
+  return start + 2;  // ESC and one byte (a character set, a keypad mode).
+}
+
+bool continuation_byte(char c) { return (static_cast<unsigned char>(c) & 0xc0) == 0x80; }
+
+/// `prefix` and a line's `text` as the console shows them. Control sequences at the text's start
+/// that act on the line rather than colour the text (rich's "\x1b[2K" erases the whole line
+/// before each redraw, and would erase the prefix) go before the prefix.
+std::string prefixed(std::string_view prefix, std::string_view text) {
+  size_t line_controls = 0;
+  while (line_controls + 1 < text.size() && text[line_controls] == 0x1b &&
+         text[line_controls + 1] == '[') {
+    const size_t end = control_sequence_end(text, line_controls);
+    if (end == std::string_view::npos || text[end - 1] == 'm') break;  // 'm': a colour.
+    line_controls = end;
+  }
+  std::string out;
+  out.reserve(prefix.size() + text.size() + 2);
+  out.append(text.substr(0, line_controls)).append(prefix).append(text.substr(line_controls));
+  return out;
+}
+
+/// Whether two descriptors write to one terminal, pipe or file.
+bool same_file(int a, int b) {
+  struct stat first{}, second{};
+  if (::fstat(a, &first) != 0 || ::fstat(b, &second) != 0) return false;
+  if (S_ISCHR(first.st_mode) && S_ISCHR(second.st_mode)) return first.st_rdev == second.st_rdev;
+  return first.st_dev == second.st_dev && first.st_ino == second.st_ino;
 }
 
 bool identifier_char(char c, bool first) {
@@ -75,16 +124,8 @@ std::string printable_text(std::string_view text) {
   out.reserve(text.size());
   for (size_t i = 0; i < text.size(); ++i) {
     const unsigned char c = static_cast<unsigned char>(text[i]);
-    if (c == 0x1b && i + 1 < text.size()) {
-      const char kind = text[++i];
-      if (kind == '[') {  // CSI: parameters, then one final byte in @..~.
-        while (i + 1 < text.size() && !(text[i + 1] >= '@' && text[i + 1] <= '~')) ++i;
-        ++i;
-      } else if (kind == ']') {  // OSC (a window title, a link): up to BEL or ESC backslash.
-        while (i + 1 < text.size() && text[i + 1] != '\a' && text[i + 1] != 0x1b) ++i;
-        ++i;
-        if (i < text.size() && text[i] == 0x1b) ++i;
-      }
+    if (c == 0x1b && i + 1 < text.size()) {  // An unfinished sequence takes the rest.
+      i = std::min(control_sequence_end(text, i), text.size()) - 1;
       continue;
     }
     if (c >= 0x20 && c != 0x7f) out += static_cast<char>(c);
@@ -93,7 +134,49 @@ std::string printable_text(std::string_view text) {
   return out;
 }
 
+size_t display_width(std::string_view text) {
+  const std::string shown = printable_text(text);
+  return static_cast<size_t>(std::count_if(shown.begin(), shown.end(),
+                                           [](char c) { return !continuation_byte(c); }));
+}
+
+winsize rank_window(const winsize& console, std::string_view prefix) {
+  if (console.ws_col == 0) return console;  // A size the terminal does not know stays unknown.
+  const size_t prefix_columns = display_width(prefix);
+  winsize rank = console;
+  // A prefix as wide as the console still leaves the worker a column.
+  rank.ws_col = prefix_columns < console.ws_col
+                    ? static_cast<unsigned short>(console.ws_col - prefix_columns)
+                    : 1;
+  rank.ws_xpixel = static_cast<unsigned short>(console.ws_xpixel / console.ws_col * rank.ws_col);
+  return rank;
+}
+
+size_t complete_length(std::string_view text) {
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] != 0x1b) continue;
+    const size_t end = control_sequence_end(text, i);
+    if (end == std::string_view::npos) {
+      text = text.substr(0, i);
+      break;
+    }
+    i = end - 1;
+  }
+  // The last character's lead byte, and how many bytes it announces.
+  size_t lead = text.size();
+  while (lead > 0 && text.size() - lead < 3 && continuation_byte(text[lead - 1])) --lead;
+  if (lead == 0) return text.size();
+  --lead;
+  const unsigned char c = static_cast<unsigned char>(text[lead]);
+  const size_t announced = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc0 ? 2 : 1;
+  return text.size() - lead < announced ? lead : text.size();
+}
+
 Console::Console(int fd) : fd_(fd), terminal_(::isatty(fd) == 1) {}
+
+Console::Console(int fd, const Console& other) : Console(fd) {
+  if (same_file(fd, other.fd_)) cursor_ = other.cursor_;
+}
 
 std::optional<winsize> Console::window_size() const {
   winsize size{};
@@ -104,27 +187,49 @@ std::optional<winsize> Console::window_size() const {
 void Console::write_line(const void* source, std::string_view prefix, std::string_view text) {
   // One write per line: lines of different ranks never interleave mid-line.
   std::string line;
-  line.reserve(prefix.size() + text.size() + 2);
-  if (open_line_ && open_line_ != source) line += '\n';  // Another rank's progress line stays.
-  else if (open_line_ == source) line += '\r';            // The final state replaces ours.
-  line.append(prefix).append(text).push_back('\n');
-  open_line_ = nullptr;
+  Cursor& cursor = *cursor_;
+  const bool below_another = cursor.open_line && cursor.open_line != source;
+  if (cursor.open_line == source) line += '\r';  // The final state replaces ours.
+  // On a terminal the line takes the other's progress line's place and that line is drawn
+  // again below it, as tqdm.write does; elsewhere nothing can be erased and it stays a line.
+  else if (below_another) line += terminal_ ? "\r\x1b[K" : "\n";
+  line.append(prefixed(prefix, text)).push_back('\n');
+  if (below_another && terminal_) {
+    line += cursor.drawn;
+  } else {
+    cursor.open_line = nullptr;
+    cursor.drawn.clear();
+  }
   write(line);
 }
 
 void Console::write_progress(const void* source, std::string_view prefix, std::string_view text) {
+  Cursor& cursor = *cursor_;
   std::string update;
-  update.reserve(prefix.size() + text.size() + 2);
-  if (open_line_ && open_line_ != source) update += '\n';
-  update.append("\r").append(prefix).append(text);
-  open_line_ = source;
+  // Another's progress line gives way: on a terminal it is erased (written out again when it
+  // ends), elsewhere it stays as it is, a line of its own.
+  if (cursor.open_line && cursor.open_line != source) update += terminal_ ? "\r\x1b[K" : "\n";
+  cursor.drawn = "\r" + prefixed(prefix, text);
+  cursor.open_line = source;
+  update += cursor.drawn;
   write(update);
 }
 
-void Console::end_progress(const void* source) {
-  if (open_line_ != source) return;  // Another rank's line already ended it.
-  open_line_ = nullptr;
-  write("\n");
+void Console::end_progress(const void* source, std::string_view prefix, std::string_view text) {
+  Cursor& cursor = *cursor_;
+  if (cursor.open_line == source) {
+    cursor.open_line = nullptr;
+    cursor.drawn.clear();
+    write("\n");
+    return;
+  }
+  // Elsewhere the line another's update ended is still there; on a terminal that update erased
+  // it, so its last state goes above the bar that took its place.
+  if (!terminal_) return;
+  std::string line = cursor.open_line ? "\r\x1b[K" : "";
+  line.append(prefixed(prefix, text)).push_back('\n');
+  line += cursor.drawn;
+  write(line);
 }
 
 void Console::write(std::string_view text) { write_all(fd_, text); }
@@ -152,7 +257,8 @@ RankOutput::RankOutput(boost::asio::io_context& io, std::string prefix, StreamRo
 UniqueFd RankOutput::open_stream(Stream& stream, int index) {
   if (stream.route.to_console && stream.console->is_terminal()) {
     int master = -1, slave = -1;
-    winsize size = stream.console->window_size().value_or(winsize{24, 80, 0, 0});
+    winsize size =
+        rank_window(stream.console->window_size().value_or(winsize{24, 80, 0, 0}), prefix_);
     if (::openpty(&master, &slave, nullptr, nullptr, &size) == 0) {
       UniqueFd reader(master);
       child_ends_[index].reset(slave);
@@ -177,9 +283,10 @@ UniqueFd RankOutput::open_stream(Stream& stream, int index) {
 }
 
 void RankOutput::resize(const winsize& size) {
+  const winsize window = rank_window(size, prefix_);
   for (Stream& stream : streams_)
     if (stream.terminal && stream.reader->is_open())
-      ::ioctl(stream.reader->native_handle(), TIOCSWINSZ, &size);
+      ::ioctl(stream.reader->native_handle(), TIOCSWINSZ, &window);
 }
 
 void RankOutput::close_child_ends() {
@@ -214,7 +321,7 @@ void RankOutput::relay(Stream& stream, std::string_view chunk) {
     if (chunk[end] == '\n') {
       end_line(stream);
     } else {  // "text\r": text is an update; "\rtext" (tqdm) shows at the chunk's end below.
-      show_progress(stream);
+      show_progress(stream, true);
       stream.partial.clear();
       stream.carriage = true;
     }
@@ -223,13 +330,17 @@ void RankOutput::relay(Stream& stream, std::string_view chunk) {
   stream.partial.append(chunk);
   // A progress line's latest state is shown now, not when its line ends; a plain partial line
   // waits for its newline, so that lines never interleave mid-line.
-  if (stream.carriage) show_progress(stream);
+  if (stream.carriage) show_progress(stream, false);
 }
 
-void RankOutput::show_progress(Stream& stream) {
-  if (stream.partial.empty() || stream.partial == stream.shown) return;
+void RankOutput::show_progress(Stream& stream, bool whole) {
+  // A read may end in half a character or half a colour: that part waits for the next read.
+  const std::string_view ready = std::string_view(stream.partial)
+                                     .substr(0, whole ? stream.partial.size()
+                                                      : complete_length(stream.partial));
+  if (ready.empty() || ready == stream.shown) return;
   last_output_ = std::chrono::steady_clock::now();
-  stream.shown = stream.partial;
+  stream.shown = ready;
   const bool copied = stderr_copy_ && &stream == &streams_[1];
   if (stream.route.to_console && !copied) stream.console->write_progress(&stream, prefix_, stream.shown);
 }
@@ -246,7 +357,7 @@ void RankOutput::end_line(Stream& stream) {
     return;
   }
   if (stream.route.to_console) {
-    if (bare_end) stream.console->end_progress(&stream);
+    if (bare_end) stream.console->end_progress(&stream, prefix_, line);
     else stream.console->write_line(&stream, prefix_, line);
   }
   tail_.push_back(line);

@@ -37,28 +37,55 @@ std::string console_prefix(const std::optional<std::string>& line_template, int 
 /// tabs: what a report or a JSON summary may quote of a worker's output.
 std::string printable_text(std::string_view text);
 
+/// How many columns `text` takes on a terminal: its characters, control sequences left out.
+size_t display_width(std::string_view text);
+
+/// The window of a rank's pseudo-terminal: the console's less the columns of the prefix mcprun
+/// puts before each of its lines, so that a bar the worker draws as wide as its terminal fills
+/// the console's line and never wraps ("\r" returns to the start of the wrapped part only).
+winsize rank_window(const winsize& console, std::string_view prefix);
+
+/// How much of a progress update's text can be shown now: all of it but an unfinished UTF-8
+/// character or control sequence at its end, which a later read completes.
+size_t complete_length(std::string_view text);
+
 /// One of mcprun's own output streams, shared by every rank's relay. It remembers whose progress
-/// line the cursor sits on, so that another rank's line starts on a line of its own and one
-/// rank's "\r" updates never break another's lines.
+/// line the cursor sits on, so that nothing is written into the middle of a line. On a terminal
+/// one progress line stays at the bottom, the bar last updated: another rank's line goes above
+/// it, another rank's update takes its place, and a bar that gave way is written out as a line
+/// when it ends. Where nothing can be erased, another rank's output first ends the line.
 class Console {
  public:
   explicit Console(int fd);
+  /// mcprun's other stream: where it is the same terminal or file as `other`'s (stdout and
+  /// stderr on one screen), both share one cursor, so that a line on either stream never lands
+  /// at the end of a progress line drawn on the other.
+  Console(int fd, const Console& other);
   bool is_terminal() const { return terminal_; }
   /// The terminal's size; nullopt when the stream is no terminal.
   std::optional<winsize> window_size() const;
-  /// A whole line of `source`'s, in one write; it replaces `source`'s open progress line.
+  /// A whole line of `source`'s, in one write; it replaces `source`'s progress line, or goes
+  /// above another's.
   void write_line(const void* source, std::string_view prefix, std::string_view text);
-  /// A progress update: rewrites `source`'s open line in place ("\r"), the cursor left after it.
+  /// A progress update: rewrites `source`'s open line in place ("\r"), the cursor left after it;
+  /// on a terminal it takes the place of another's progress line, elsewhere it ends it.
   void write_progress(const void* source, std::string_view prefix, std::string_view text);
-  /// `source` ended its progress line with a bare newline: the update shown stays as a line.
-  void end_progress(const void* source);
+  /// `source` ended its progress line with a bare newline: `text`, the update it showed last,
+  /// stays as a line (written again where another's bar took its place).
+  void end_progress(const void* source, std::string_view prefix, std::string_view text);
 
  private:
+  /// Where the cursor is, as the relays left it; one per screen, so shared by the two streams
+  /// where they are one.
+  struct Cursor {
+    const void* open_line = nullptr;  ///< Whose progress line the cursor ends, or nullptr.
+    std::string drawn;  ///< That line as written ("\r", prefix, text), to draw again below a line.
+  };
   void write(std::string_view text);
 
   int fd_;
   bool terminal_;
-  const void* open_line_ = nullptr;  ///< Whose progress line the cursor ends, or nullptr.
+  std::shared_ptr<Cursor> cursor_ = std::make_shared<Cursor>();
 };
 
 /// Where one stream of one rank goes.
@@ -82,7 +109,7 @@ class RankOutput {
   int child_stderr() const { return child_ends_[1].get(); }
   /// Whether either stream is a pseudo-terminal, which a window size change concerns.
   bool on_terminal() const { return streams_[0].terminal || streams_[1].terminal; }
-  /// Gives each pseudo-terminal the console's new window size.
+  /// Gives each pseudo-terminal the console's new window size, less the prefix (rank_window).
   void resize(const winsize& size);
   /// Closes our copies of the child's ends (after spawn), so EOF arrives when the child exits.
   void close_child_ends();
@@ -117,7 +144,9 @@ class RankOutput {
   UniqueFd open_stream(Stream& stream, int index);
   void read_more(Stream& stream);
   void relay(Stream& stream, std::string_view chunk);
-  void show_progress(Stream& stream);
+  /// Shows the line's latest state; unless `whole` (a "\r" ended it), an unfinished character
+  /// or control sequence at its end waits for the next read.
+  void show_progress(Stream& stream, bool whole);
   void end_line(Stream& stream);
   void close_stream(Stream& stream);
   /// Appends to the stream's log file; the first write that fails (a full disk) is said once and

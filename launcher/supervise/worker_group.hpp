@@ -128,7 +128,7 @@ class WorkerGroup {
   const Environment& inherited_;
   boost::asio::signal_set signals_;
   Console stdout_console_{STDOUT_FILENO};
-  Console stderr_console_{STDERR_FILENO};
+  Console stderr_console_{STDERR_FILENO, stdout_console_};
   std::vector<Worker> workers_;
   std::filesystem::path attempt_dir_;
   std::optional<size_t> first_failure_;
