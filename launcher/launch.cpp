@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iostream>
 
+#include "common/connection_limits.hpp"
 #include "common/descriptor_limit.hpp"
 #include "common/endpoint.hpp"
 #include "common/event_loop.hpp"
@@ -191,7 +192,7 @@ Expected<boost::asio::ip::tcp::acceptor> store_acceptor(
     if (!ec && ipv6) acceptor.set_option(ip::v6_only(false), ec);
     if (!ec) acceptor.bind({protocol, static_cast<unsigned short>(port)}, ec);
   }
-  if (!ec) acceptor.listen(ip::tcp::socket::max_listen_connections, ec);
+  if (!ec) acceptor.listen(kListenBacklog, ec);
   if (ec)
     return Error{fmt::format("cannot serve the job store on MASTER_PORT {}: {}", port, ec.message())};
   return acceptor;
@@ -484,6 +485,12 @@ bool Launch::open_store() {
   }
   store_ = std::make_unique<TcpStoreServer>(io_, std::move(*acceptor), watch_->store_observer());
   watch_->observe_store(store_.get());
+  // Every rank connects at once at init_process_group: a backlog below that drops connects.
+  const auto world_size = static_cast<size_t>(plan_->job.world_size);
+  if (auto warning = connection_limits_warning(
+          fmt::format("the job store for {} ranks", world_size), world_size, kListenBacklog,
+          host_connection_limits(descriptor_limit_)))
+    spdlog::warn("{}", *warning);
   return true;
 }
 

@@ -61,6 +61,9 @@ Expected<void> load_daemon_config(const std::string& path, DaemonConfig& config)
       {"max_connections", {"a count > 0", [&](const YAML::Node& n) {
          config.server.max_connections = static_cast<size_t>(positive(n.as<int>()));
        }}},
+      {"listen_backlog", {"a count > 0", [&](const YAML::Node& n) {
+         config.server.listen_backlog = static_cast<int>(positive(n.as<int>()));
+       }}},
       {"max_queued_bytes", {"a byte count >= " + std::to_string(kMinQueuedBytes) + " (one largest frame)",
                             [&](const YAML::Node& n) {
          const auto bytes = n.as<long long>();

@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 
+#include "common/connection_limits.hpp"
 #include "common/descriptor_limit.hpp"
 #include "common/exit_status.hpp"
 #include "common/expected.hpp"
@@ -103,6 +104,10 @@ DaemonConfig apply_reload(const DaemonConfig& running, DaemonConfig next, Rendez
     if (values.first != values.second)
       spdlog::warn("reload: {} changed from '{}' to '{}'; that needs a restart", key, values.first,
                    values.second);
+  if (next.server.listen_backlog != running.server.listen_backlog)
+    spdlog::warn("reload: listen_backlog changed from {} to {}; that needs a restart",
+                 running.server.listen_backlog, next.server.listen_backlog);
+  next.server.listen_backlog = running.server.listen_backlog;
   next.listen = running.listen;
   next.server.unix_socket = running.server.unix_socket;
   next.metrics_listen = running.metrics_listen;
@@ -236,7 +241,12 @@ int main(int argc, char** argv) {
   StartupConfig& startup = *built;
   DaemonConfig& config = startup.config;
   spdlog::set_level(config.log_level);
-  raise_descriptor_limit();
+  const long descriptors = raise_descriptor_limit();
+  if (auto warning = connection_limits_warning(
+          fmt::format("rendezvousd's max_connections {}", config.server.max_connections),
+          config.server.max_connections, config.server.listen_backlog,
+          host_connection_limits(descriptors)))
+    spdlog::warn("{}", *warning);
 
   boost::asio::io_context io;
   // Caught from here on, though handled only once the loop runs: none may kill the daemon early.

@@ -6,6 +6,8 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "common/messages.hpp"
@@ -85,6 +87,10 @@ class RendezvousRound {
   Clock::time_point opened_;
   std::optional<Clock::time_point> min_reached_;
   std::vector<NodeInfo> nodes_;
+  /// Who joined, by name and by the node rank asked for: a join looks both up instead of
+  /// comparing itself with every node (seconds of CPU at 16,384 nodes).
+  std::unordered_set<std::string> names_;
+  std::unordered_map<int, std::string> requested_ranks_;
   State state_ = State::kJoining;
   RoundResult result_;
 };

@@ -34,12 +34,21 @@ bool port_is_free(asio::io_context& io, int port) {
   return !ec;
 }
 
+/// The agents' listener, asking for `backlog`: 16,384 agents of a job may connect at once.
+tcp::acceptor open_acceptor(asio::io_context& io, const tcp::endpoint& listen, int backlog) {
+  tcp::acceptor acceptor(io, listen.protocol());
+  acceptor.set_option(tcp::acceptor::reuse_address(true));
+  acceptor.bind(listen);
+  acceptor.listen(backlog);
+  return acceptor;
+}
+
 }  // namespace
 
 RendezvousServer::RendezvousServer(asio::io_context& io, const tcp::endpoint& listen,
                                    ServerSettings settings)
     : io_(io),
-      acceptor_(io, listen, /*reuse_address=*/true),
+      acceptor_(open_acceptor(io, listen, settings.listen_backlog)),
       settings_(std::move(settings)),
       leases_(LeaseBook(box_gpus(), settings_.lease_port_first, settings_.lease_port_last),
               [&io](int port) { return port_is_free(io, port); }) {

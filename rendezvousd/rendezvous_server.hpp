@@ -19,6 +19,7 @@
 #include <set>
 #include <string>
 
+#include "common/connection_limits.hpp"
 #include "common/framed_session.hpp"
 #include "common/messages.hpp"
 #include "rendezvousd/lease_queue.hpp"
@@ -32,7 +33,10 @@ struct ServerSettings {
   std::string unix_socket;                            ///< Also listen here for local agents.
   std::chrono::milliseconds first_message_timeout{std::chrono::seconds(10)};
   std::chrono::milliseconds lease{std::chrono::seconds(15)};  ///< Silence longer than this: lost.
-  size_t max_connections = 8192;
+  /// 16,384 agents (one job that size, or several smaller ones) and operators or agents
+  /// reconnecting after a daemon restart beside them.
+  size_t max_connections = 16384 + 1024;
+  int listen_backlog = kListenBacklog;  ///< Asked of listen(); the kernel caps it at somaxconn.
   SessionLimits session_limits;  ///< Per connection: queued output and message rate.
   std::chrono::seconds finished_job_ttl{600};
   std::vector<std::string> label_precedence{"rack", "switch"};

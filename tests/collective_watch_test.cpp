@@ -69,6 +69,27 @@ TEST(CollectiveWatch, UnevenShardsAreAMismatchNamedAfterTheCallMostRanksWaitIn) 
   EXPECT_GE(stall->collective.pending_s, 11);
 }
 
+TEST(CollectiveWatch, UnevenShardsAmong16384RanksAreFoundInOneCheckThatTakesMilliseconds) {
+  constexpr int kWorld = 16384, kDone = 4096;  // Rank 4096 ran out of data: in user code.
+  Job job(kWorld);
+  for (int second = 0; second <= kTimeout; ++second)
+    job.second([&](int rank, ProgressRecord& record) {
+      record.completed = 29;
+      if (rank != kDone) record.pending = {call("all_reduce", 30, "0", {})};
+      return true;
+    });
+  const auto start = Clock::now();
+  auto stall = job.check();
+  const double took_s = std::chrono::duration<double>(Clock::now() - start).count();
+  ASSERT_TRUE(stall);
+  EXPECT_EQ(describe(stall->collective), "all_reduce #30 on group 0 (gloo)");
+  EXPECT_EQ(stall->missing, (std::vector<int>{kDone}));
+  EXPECT_EQ(stall->in.size(), size_t{kWorld - 1});
+  EXPECT_EQ(stall->states.size(), size_t{kWorld});
+  // Comparing every pair of ranks took seconds here; each distinct call once, milliseconds.
+  EXPECT_LT(took_s, 1.0);
+}
+
 TEST(CollectiveWatch, ARankBusyOutsideTheCollectiveIsProgress) {
   Job job(3);
   double cpu = 0;

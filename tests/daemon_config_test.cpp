@@ -104,6 +104,26 @@ TEST_F(DaemonConfigTest, ShippedCapsAreTheSessionDefaults) {
   EXPECT_EQ(config.server.session_limits.message_burst, defaults.message_burst);
 }
 
+TEST_F(DaemonConfigTest, ShippedSizeIsTheDefaultAndHolds16384Agents) {
+  DaemonConfig config;
+  config.server.max_connections = 1;
+  config.server.listen_backlog = 1;
+  ASSERT_TRUE(load_daemon_config(std::string(MCPRUN_SOURCE_DIR) + "/configs/rendezvousd.yaml", config));
+  const ServerSettings defaults;
+  EXPECT_EQ(config.server.max_connections, defaults.max_connections);
+  EXPECT_EQ(config.server.listen_backlog, defaults.listen_backlog);
+  EXPECT_GE(defaults.max_connections, 16384u);
+  EXPECT_GE(defaults.listen_backlog, 16384);
+}
+
+TEST_F(DaemonConfigTest, ListenBacklogIsReadAndChecked) {
+  DaemonConfig config;
+  ASSERT_TRUE(load_daemon_config(write("listen_backlog: 1024\n"), config));
+  EXPECT_EQ(config.server.listen_backlog, 1024);
+  auto wrong = error_of(load_daemon_config(write("listen_backlog: 0\n"), config));
+  EXPECT_NE(wrong.find(":1: 'listen_backlog' must be a count > 0"), std::string::npos) << wrong;
+}
+
 TEST_F(DaemonConfigTest, ConnectionCapsAreReadAndChecked) {
   DaemonConfig config;
   ASSERT_TRUE(load_daemon_config(

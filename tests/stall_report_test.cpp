@@ -44,6 +44,20 @@ TEST(StallReport, NamesTheRanksBehindTheFurthestAsMissing) {
   EXPECT_EQ(report.find("hint:"), std::string::npos) << report;  // No rank's output matched.
 }
 
+TEST(StallReport, NamesTheRanksOfALargeCollectiveAsRanges) {
+  CollectiveStall stall;
+  stall.collective = {"0", {}, "all_reduce", 30, "nccl", 12};
+  for (int member = 0; member < 16384; ++member)
+    (member == 4096 ? stall.missing : stall.in).push_back(member);
+  StallNotice notice;
+  notice.kind = StallNotice::Kind::kCollective;
+  notice.what = "all_reduce #30 on group 0 (nccl) made no progress";
+  notice.collective = stall;
+  const std::string report = format_stall_report(notice, {}, 16384);
+  EXPECT_NE(report.find("in it: 0-4095,4097-16383; not in it: 4096\n"), std::string::npos) << report;
+  EXPECT_LT(report.size(), size_t{4096}) << "every rank spelled out";
+}
+
 TEST(StallReport, ARankWhoseLastOutputMatchedShowsItsHintUnderItsRow) {
   StallNotice notice;
   notice.what = "the process group's init barrier was not passed within --init-timeout 10 s";

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <memory>
 
+#include "common/connection_limits.hpp"
 #include "common/descriptor_limit.hpp"
 #include "common/exit_status.hpp"
 #include "launcher/config/subcommand.hpp"
@@ -37,10 +38,15 @@ int run_store_command(const std::vector<std::string>& args) {
   app.option_defaults()->always_capture_default();
   std::string host = "0.0.0.0";
   int port = 29500;
+  int ranks = 0;
   bool verbose = false;
   app.add_option("--host", host, "Address to listen on (an IP address or a host name)");
   app.add_option("--port", port, "Port to listen on; 0 picks a free one (the line says which)")
       ->check(CLI::Range(0, 65535));
+  app.add_option("--ranks", ranks,
+                 "Ranks the store is for, one connection each: a warning when the open-file limit "
+                 "or the listen backlog cannot hold them all at once (0: no check)")
+      ->check(CLI::NonNegativeNumber);
   app.add_flag("-v,--verbose", verbose, "Log every connection and every store operation");
   if (auto done = parse_subcommand(app, args)) return *done;
   init_logging("mcprun", verbose);
@@ -67,7 +73,12 @@ int run_store_command(const std::vector<std::string>& args) {
     spdlog::error("cannot listen on {}:{}: {}", address, port, error.code().message());
     return kExitFailure;
   }
-  raise_descriptor_limit();
+  const long descriptors = raise_descriptor_limit();
+  if (ranks > 0)
+    if (auto warning = connection_limits_warning(fmt::format("the store for {} ranks", ranks),
+                                                 static_cast<size_t>(ranks), kListenBacklog,
+                                                 host_connection_limits(descriptors)))
+      spdlog::warn("{}", *warning);
   // Armed before the line goes out: whoever reads it may signal right away.
   asio::signal_set stop_signals(io, SIGINT, SIGTERM);
   std::printf("mcprun store: listening on %s:%u\n", address.c_str(), server->port());

@@ -160,6 +160,19 @@ bool CollectiveWatch::gone(int rank) const {
 
 std::optional<CollectiveStall> CollectiveWatch::check(Clock::time_point now) const {
   if (seconds_between(last_progress_, now) < timeout_s_) return std::nullopt;
+  // The pending entries of ranks still running, each distinct call once with how many there
+  // are: comparing every rank's entries with every other's takes seconds at 16,384 ranks.
+  std::map<std::tuple<std::string_view, std::string_view, int64_t>,
+           std::pair<const PendingCollective*, size_t>>
+      calls;
+  for (const auto& [rank, view] : ranks_) {
+    if (gone(rank)) continue;
+    for (const PendingCollective& pending : view.last.pending) {
+      auto& call = calls[{pending.group, pending.op, pending.seq}];
+      if (!call.first) call.first = &pending;
+      ++call.second;
+    }
+  }
   // The collective: the call the most ranks wait in, the longest pending among equals.
   const PendingCollective* chosen = nullptr;
   size_t chosen_count = 0;
@@ -168,9 +181,8 @@ std::optional<CollectiveStall> CollectiveWatch::check(Clock::time_point now) con
     if (gone(rank)) continue;
     for (const PendingCollective& pending : view.last.pending) {
       size_t count = 0;
-      for (const auto& [other, other_view] : ranks_)
-        for (const PendingCollective& theirs : other_view.last.pending)
-          count += same_call(pending, theirs) && !gone(other);
+      for (const auto& [key, call] : calls)
+        if (same_call(pending, *call.first)) count += call.second;
       const double age = pending.pending_s + seconds_between(view.received, now);
       if (std::tie(count, age) > std::tie(chosen_count, chosen_age)) {
         chosen = &pending;

@@ -1,0 +1,174 @@
+"""The job store and rendezvousd at a size this box runs in seconds (4,096 connections), driven by
+the load generator of scripts/bench-scale, and the one-line warnings where the host's limits
+(descriptors, listen backlog) cannot hold the configured size."""
+import asyncio
+import os
+import re
+import resource
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+
+from harness import MCPRUN, REPO, LauncherTestCase
+
+sys.path.insert(0, os.path.join(REPO, "scripts"))
+import store_load  # noqa: E402  (scripts/ is not a package)
+
+RENDEZVOUSD = os.environ.get("RENDEZVOUSD", os.path.join(os.path.dirname(MCPRUN), "../rendezvousd/rendezvousd"))
+TORCH2_PYTHON = os.path.join(REPO, ".venv", "bin", "python")
+RANKS = 4096
+PHASE_TIMEOUT = 60  # Seconds any one phase may take on a loaded box; a few on an idle one.
+WARNING = "needs more than this host allows"
+
+
+def first_line(stream, timeout):
+    """The next line of `stream` (bytes when it is unbuffered), or empty past `timeout`."""
+    ready, _, _ = select.select([stream], [], [], timeout)
+    return stream.readline() if ready else ""
+
+
+def descriptors_for(count):
+    """Raises this process's open-file limit for `count` connections; False when it cannot."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < count + 64:
+        return False
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return True
+
+
+class RecordingProxy:
+    """Forwards one client's connection to `port`, keeping what the client sent."""
+
+    def __init__(self, port):
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.sent = bytearray()
+        self.thread = threading.Thread(target=self.serve, args=(port,), daemon=True)
+        self.thread.start()
+
+    def serve(self, port):
+        client, _ = self.listener.accept()
+        upstream = socket.create_connection(("127.0.0.1", port))
+        with client, upstream:
+            while True:
+                ready, _, _ = select.select([client, upstream], [], [], 30)
+                if not ready:
+                    return
+                for sock in ready:
+                    data = sock.recv(65536)
+                    if not data:
+                        return
+                    if sock is client:
+                        self.sent += data
+                        upstream.sendall(data)
+                    else:
+                        client.sendall(data)
+
+    def close(self):
+        self.listener.close()
+        self.thread.join(timeout=30)
+
+
+class StoreAtScaleTest(LauncherTestCase):
+    def start_store(self, *flags, prefix=()):
+        proc = subprocess.Popen([*prefix, MCPRUN, "store", "--host", "127.0.0.1", "--port", "0", *flags],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        self.procs.append(proc)
+        line = first_line(proc.stdout, 30)
+        match = re.fullmatch(r"mcprun store: listening on 127\.0\.0\.1:(\d+)\n", line)
+        self.assertTrue(match, f"no port line: {line!r}")
+        return proc, int(match.group(1))
+
+    def stop(self, proc):
+        os.killpg(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+        return err
+
+    def test_4096_ranks_connect_and_pass_a_barrier_without_a_reset(self):
+        if not descriptors_for(RANKS):
+            self.skipTest(f"the hard open-file limit cannot hold {RANKS} connections")
+        proc, port = self.start_store("--ranks", str(RANKS))
+
+        async def drive():
+            errors = []
+            ranks = await asyncio.wait_for(store_load.connect_ranks(port, RANKS, errors), PHASE_TIMEOUT)
+            self.assertEqual(errors, [])
+            self.assertEqual(len(ranks), RANKS)
+            await asyncio.wait_for(store_load.barrier(ranks, "barrier"), PHASE_TIMEOUT)
+            await asyncio.wait_for(store_load.init_pattern(ranks), PHASE_TIMEOUT)
+            self.assertEqual([rank for rank in ranks if rank.lost], [])
+            for rank in ranks:
+                rank.transport.close()
+
+        asyncio.run(drive())
+        self.assertIsNone(proc.poll())
+        self.stop(proc)
+
+    def test_store_warns_in_one_line_when_the_descriptor_limit_is_short(self):
+        proc, _ = self.start_store("--ranks", str(RANKS), prefix=("prlimit", "--nofile=1024:1024", "--"))
+        err = self.stop(proc)
+        warnings = [line for line in err.splitlines() if WARNING in line]
+        self.assertEqual(len(warnings), 1, err)
+        self.assertIn(f"the store for {RANKS} ranks", warnings[0])
+        self.assertIn("ulimit -n is 1024", warnings[0])
+
+    def test_store_is_quiet_when_the_limits_hold_the_ranks(self):
+        proc, _ = self.start_store("--ranks", "100")
+        self.assertNotIn(WARNING, self.stop(proc))
+
+    def test_rendezvousd_warns_in_one_line_of_a_short_descriptor_limit_and_backlog(self):
+        config = self.script("rendezvousd.yaml", f"listen: 127.0.0.1:0\nmetrics_listen: ''\n"
+                                                 f"max_connections: {RANKS}\nlisten_backlog: 1024\n")
+        # Unbuffered, so that select() sees every line that has not been read yet.
+        proc = subprocess.Popen(["prlimit", "--nofile=1024:1024", "--", RENDEZVOUSD, "--config", config],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0,
+                                start_new_session=True)
+        self.procs.append(proc)
+        log = []
+        while not any("listening on" in line for line in log):
+            line = first_line(proc.stderr, 30).decode()
+            self.assertTrue(line, f"rendezvousd did not start: {log}")
+            log.append(line)
+        self.stop(proc)
+        warnings = [line for line in log if WARNING in line]
+        self.assertEqual(len(warnings), 1, log)
+        self.assertIn(f"max_connections {RANKS}", warnings[0])
+        self.assertIn("ulimit -n is 1024", warnings[0])
+        self.assertIn("the listen backlog asked for is 1024", warnings[0])
+
+    def test_load_generator_sends_the_bytes_torch_2_client_sends(self):
+        if not os.path.exists(TORCH2_PYTHON):
+            self.skipTest("no torch 2.13 (.venv)")
+        proc, port = self.start_store()
+        proxy = RecordingProxy(port)
+        client = subprocess.run([TORCH2_PYTHON, "-c", f'''
+import datetime, os, torch.distributed as dist
+store = dist.TCPStore("127.0.0.1", {proxy.port}, None, False, datetime.timedelta(seconds=30),
+                      wait_for_workers=False)
+assert store.add("b/count", 1) == 1
+store.set("b/last", b"1")
+store.wait(["b/last"])
+assert store.get("b/last") == b"1"
+print(os.getpid())
+'''], capture_output=True, text=True, timeout=120)
+        self.assertEqual(client.returncode, 0, client.stderr)
+        proxy.close()
+        nonce = int(client.stdout.split()[-1]) & 0xFFFFFFFF  # torch's PING carries its pid.
+        expected = (struct.pack("<BI", store_load.VALIDATE, store_load.MAGIC) +
+                    struct.pack("<BI", store_load.PING, nonce) +
+                    store_load.request_add("b/count", 1) + store_load.request_set("b/last", b"1") +
+                    store_load.request_wait(["b/last"]) +
+                    # torch's get is a WAIT and a GET.
+                    store_load.request_wait(["b/last"]) + store_load.request_get("b/last"))
+        self.assertEqual(bytes(proxy.sent).hex(), expected.hex())
+        self.stop(proc)
+
+
+if __name__ == "__main__":
+    import unittest
+    unittest.main()
