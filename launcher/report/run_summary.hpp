@@ -42,6 +42,8 @@ class RunSummary {
 
   /// What the last attempt's failure means for this job (diagnose/failure_hints): its `hint`.
   void set_hint(std::string hint) { hint_ = std::move(hint); }
+  /// --preflight's report (docs/preflight.md), as the check wrote it; its text left out.
+  void set_preflight(nlohmann::json report) { preflight_ = std::move(report); }
 
   /// The --summary-json document, for mcprun's exit code.
   nlohmann::ordered_json format_json(int exit_code) const;
@@ -87,6 +89,7 @@ class RunSummary {
   std::optional<AttemptResult> last_;  ///< The last attempt's ending; its workers are in ranks_.
   std::vector<Rank> ranks_;
   std::string hint_;  ///< The last attempt's, when it failed or stalled; empty: none.
+  nlohmann::json preflight_;  ///< null: no --preflight ran.
   std::shared_ptr<LastErrorSink> last_error_;  ///< Explains an ending that no attempt does.
 };
 

@@ -1,0 +1,220 @@
+"""--preflight: the collective check over the job's own ranks before its script, on one host and
+across network-namespace hosts (a rate-limited host is named slow, a host cut off mid-check is
+named dead within the step's deadline)."""
+import json
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+import unittest
+
+from harness import MCPRUN, LauncherTestCase, alive, wait_for
+from fake_sysfs import make_tree
+from test_netns import NamespaceHosts, can_make_namespaces, ip
+from test_rendezvous import RENDEZVOUSD
+
+# The script: what it sees after the preflight is what it would see without one.
+SCRIPT = r'''
+import json, os
+from datetime import timedelta
+import torch, torch.distributed as dist
+with open(os.path.join(os.environ["MCPRUN_TEST_DIR"], "pid.%s" % os.environ["RANK"]), "w") as f:
+    f.write(str(os.getpid()))
+dist.init_process_group("gloo", init_method="env://")
+value = torch.tensor([1.0])
+dist.all_reduce(value)
+store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False,
+                      timedelta(seconds=10))
+seen = {k: store.check([k]) for k in ("mcprun/preflight/0/report", "mcprun/preflight/0/info/0")}
+leaked = sorted(k for k in os.environ if k.startswith("MCPRUN_PREFLIGHT"))
+with open(os.path.join(os.environ["MCPRUN_TEST_DIR"], "script.%s.json" % os.environ["RANK"]), "w") as f:
+    json.dump({"sum": value.item(), "keys": seen, "env": leaked,
+               "watch": os.environ.get("MCPRUN_COLLECTIVE_WATCH")}, f)
+dist.barrier()
+dist.destroy_process_group()
+'''
+
+
+def preflight_processes(tmp):
+    """Pids of preflight ranks started for the test whose folder is `tmp`."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"mcprun._preflight" not in f.read():
+                    continue
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if f"MCPRUN_TEST_DIR={tmp}".encode() in f.read().split(b"\0") and alive(int(pid)):
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+class OneHost(LauncherTestCase):
+    def run_job(self, *flags, env=None):
+        script = self.script("job.py", SCRIPT)
+        summary = os.path.join(self.tmp, "summary.json")
+        started = time.monotonic()
+        code, out, err = self.run_mcprun("-n", "4", "--summary-json", summary, *flags, script, env=env)
+        with open(summary) as f:
+            return code, err, json.load(f), time.monotonic() - started
+
+    def test_healthy_host_prints_the_table_and_runs_the_script_unchanged(self):
+        code, err, summary, elapsed = self.run_job("--preflight=fail")
+        self.assertEqual(code, 0, err)
+        self.assertRegex(err, r"rank\s+node\s+gpu\s+pcie\s+numa\s+interface")
+        self.assertRegex(err, r"all-reduce busbw \(GB/s\): 4 KiB [\d.e-]+, 256 KiB [\d.e-]+, 16 MiB")
+        self.assertIn("mcprun preflight: OK", err)
+        preflight = summary["preflight"]
+        self.assertTrue(preflight["ok"])
+        self.assertEqual(preflight["world_size"], 4)
+        self.assertEqual(len(preflight["pairs"]), 6)
+        self.assertGreater(preflight["floor_busbw"], 0)
+        self.assertEqual(summary["restarts"], 0)
+        checked = sum(step["seconds"] for step in preflight["steps"].values())
+        self.assertLess(checked, 15, preflight["steps"])
+        for rank in range(4):
+            with open(os.path.join(self.tmp, f"script.{rank}.json")) as f:
+                seen = json.load(f)
+            self.assertEqual(seen["sum"], 4.0)
+            self.assertEqual(seen["keys"], {"mcprun/preflight/0/report": False,
+                                            "mcprun/preflight/0/info/0": False})
+            self.assertEqual(seen["env"], [])
+            self.assertEqual(seen["watch"], "1")
+        self.assertEqual(preflight_processes(self.tmp), [])
+
+    def test_without_the_flag_nothing_runs_before_the_script(self):
+        code, err, summary, _ = self.run_job()
+        self.assertEqual(code, 0, err)
+        self.assertNotIn("mcprun preflight", err)
+        self.assertIsNone(summary["preflight"])
+
+    def test_an_x8_gpu_among_x16_is_in_the_table_and_named(self):
+        gpus = [{"bus_id": f"0000:{bus:02x}:00.0", "numa_node": 0} for bus in (0x1a, 0x3b, 0x5e, 0x86)]
+        gpus[2]["current_link_width"] = 8
+        root = make_tree(os.path.join(self.tmp, "sysfs"), gpus)
+        env = dict(self.env, MCPRUN_SYSFS_ROOT=root, MCPRUN_DAEMON="")
+        code, err, summary, _ = self.run_job("--preflight", env=env)
+        self.assertEqual(code, 0, err)  # warn: the job runs after the report.
+        self.assertRegex(err, r"\n\s+2\s+\S+\s+0000:5e:00\.0\s+x8/x16")
+        self.assertRegex(err, r"\n\s+0\s+\S+\s+0000:1a:00\.0\s+x16/x16")
+        self.assertIn("GPU 0000:5e:00.0", summary["preflight"]["verdict"])
+        self.assertIn("x8", summary["preflight"]["verdict"])
+        self.assertIn("--preflight=warn: starting the script anyway", err)
+
+    def test_bad_preflight_value_is_a_usage_error(self):
+        code, _, err = self.run_mcprun("--preflight=maybe", "-n", "1", "x.py")
+        self.assertEqual(code, 2)
+        self.assertIn("--preflight", err)
+        self.assertEqual(len(err.strip().splitlines()), 1, err)
+
+
+@unittest.skipUnless(can_make_namespaces(), "needs root and network namespaces (ip netns)")
+class AcrossHosts(LauncherTestCase):
+    HOSTS = 4
+    DEADLINE = 4  # --preflight-timeout: what a dead host may cost a step.
+
+    def setUp(self):
+        super().setUp()
+        self.net = NamespaceHosts(self.HOSTS)
+        self.addCleanup(self.remove_namespaces)
+        log = open(os.path.join(self.tmp, "rendezvousd.log"), "w")
+        # A lease longer than the check: the preflight, not the rendezvous, names a lost host.
+        self.daemon = subprocess.Popen(
+            ["ip", "netns", "exec", self.net.names[0], RENDEZVOUSD, "--listen",
+             self.net.address(0) + ":0", "--lease", "60"], stdout=log, stderr=log,
+            start_new_session=True)
+        log.close()
+        self.procs.append(self.daemon)
+        found = wait_for(lambda: re.search(r"listening on [\d.]+:(\d+)", self.daemon_log()), 10)
+        self.assertTrue(found, self.daemon_log())
+        self.endpoint = f"{self.net.address(0)}:{found.group(1)}"
+
+    def daemon_log(self):
+        with open(os.path.join(self.tmp, "rendezvousd.log")) as f:
+            return f.read()
+
+    def remove_namespaces(self):
+        for proc in self.procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        self.net.remove()
+
+    def agents(self, *flags):
+        """Starts mcprun on every host; each one's stderr is collected line by line."""
+        script = self.script("job.py", SCRIPT)
+        self.stderr = [[] for _ in range(self.HOSTS)]
+        agents = []
+        for i in range(self.HOSTS):
+            command = ["ip", "netns", "exec", self.net.names[i], MCPRUN, "--nnodes", str(self.HOSTS),
+                       "-n", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", self.endpoint,
+                       "--rdzv-id", "preflightjob", "--node-name", f"host{i}",
+                       "--preflight-timeout", str(self.DEADLINE), "--summary-json",
+                       os.path.join(self.tmp, f"summary.{i}.json"), *flags, script]
+            proc = subprocess.Popen(command, env=self.env, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.PIPE, text=True, start_new_session=True)
+            self.procs.append(proc)
+            reader = threading.Thread(target=lambda p=proc, lines=self.stderr[i]: lines.extend(p.stderr),
+                                      daemon=True)
+            reader.start()
+            agents.append((proc, reader))
+        return agents
+
+    def finish(self, agents, timeout=90):
+        codes = []
+        for proc, reader in agents:
+            proc.wait(timeout=timeout)
+            reader.join(timeout=10)
+            codes.append(proc.returncode)
+        return codes, ["".join(lines) for lines in self.stderr]
+
+    def summary(self, i):
+        with open(os.path.join(self.tmp, f"summary.{i}.json")) as f:
+            return json.load(f)
+
+    def test_rate_limited_host_is_named_slow_and_the_job_runs_under_warn(self):
+        # Both directions of host3's only link: its own egress, and the switch port towards it.
+        for namespace, device in ((self.net.names[3], "eth0"), (self.net.switch, "port3")):
+            ip("-n", namespace, "link", "set", device, "mtu", "1500")
+            subprocess.run(["tc", "-n", namespace, "qdisc", "add", "dev", device, "root", "tbf",
+                            "rate", "100mbit", "burst", "32kb", "latency", "100ms"], check=True)
+        codes, errs = self.finish(self.agents("--preflight=warn"))
+        self.assertEqual(codes, [0] * self.HOSTS, "\n".join(errs))
+        for i in range(self.HOSTS):
+            preflight = self.summary(i)["preflight"]
+            self.assertFalse(preflight["ok"], errs[i])
+            self.assertEqual([(f["kind"], f["what"], f["name"]) for f in preflight["faults"]],
+                             [("slow", "node", "host3")], errs[i])
+            self.assertIn("node host3 (ranks 3, " + self.net.address(3) + " on eth0) is SLOW", errs[i])
+        self.assertEqual(preflight_processes(self.tmp), [])
+
+    def test_host_cut_off_mid_check_is_named_dead_within_the_deadline(self):
+        agents = self.agents("--preflight=fail")
+        ready = wait_for(lambda: any("process group of 4 ranks" in line for line in self.stderr[0]), 60)
+        self.assertTrue(ready, "".join(self.stderr[0]))
+        self.net.link(3, "down")
+        cut = time.monotonic()
+        codes, errs = self.finish(agents)
+        # The failed step's deadline, the pairs among the hosts left, the verdict: not more.
+        self.assertLess(time.monotonic() - cut, 2 * self.DEADLINE + 10, "\n".join(errs))
+        self.assertEqual(codes, [77] * self.HOSTS, "\n".join(errs))
+        for i in range(3):
+            summary = self.summary(i)
+            self.assertEqual(summary["result"], "failed")
+            faults = summary["preflight"]["faults"]
+            self.assertEqual([(f["kind"], f["what"], f["name"]) for f in faults],
+                             [("dead", "node", "host3")], errs[i])
+            self.assertIn("node host3 (ranks 3", errs[i])
+            self.assertIn("is DEAD", errs[i])
+            self.assertIn("--preflight=fail: not starting the script (exit 77)", errs[i])
+        self.assertIn("host3 (rank 3) lost the job", errs[3])
+        self.assertEqual(self.files("script."), [])
+        self.assertTrue(wait_for(lambda: not preflight_processes(self.tmp), 5))
+
+
+if __name__ == "__main__":
+    unittest.main()
