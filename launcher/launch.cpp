@@ -465,8 +465,9 @@ std::optional<int> Launch::join_round(int restart_count) {
 
 namespace {
 
-/// Where the preflight's keys live in the job store; erased before the script starts.
-constexpr std::string_view kPreflightKeyPrefix = "mcprun/preflight/";
+/// Where the preflight's keys live in the job store (torch's clients add the leading slash);
+/// erased before the script starts.
+constexpr std::string_view kPreflightKeyPrefix = "/mcprun/preflight/";
 
 /// What the preflight's table shows of this node: its name and each local rank's GPU.
 nlohmann::json preflight_node(const RankPlan& plan, const std::string& node) {
@@ -575,10 +576,13 @@ std::optional<int> Launch::preflight_pass(const std::string& python, size_t pass
   // Each pass has keys of its own: a node that starts the next pass first loses none of them.
   if (store_) store_->erase_prefix(fmt::format("{}{}/", kPreflightKeyPrefix, pass));
 
+  // Another node that judged first may stop this one as its ranks leave: their report stands.
+  const bool reported = std::filesystem::exists(report_file, ec);
   switch (result.end) {
     case AttemptResult::End::kInterrupted:
       return exit_code_for_signal(result.interrupt_signal);
     case AttemptResult::End::kPeerStopped:
+      if (reported && !timed_out_) break;
       spdlog::error("stopped during the preflight: {}", result.peer_reason);
       return timed_out_ ? kExitJobTimeout : result.peer_exit_code;
     case AttemptResult::End::kSpawnFailed:

@@ -19,14 +19,19 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 import traceback
 from datetime import timedelta
 
 KEY_PREFIX = "mcprun/preflight/"
-# A pair or node is slow when its median pair bandwidth is below the median of the pairs that do
-# not touch it divided by this: twice as slow as its peers, well beyond run-to-run noise.
-SLOW_FACTOR = 2.0
+# A node or rank is slow when the median bandwidth of its pairs is below the median of the pairs
+# that do not touch it divided by this. On a busy box one pair's figure moves by up to 4x from run
+# to run; a bad link (an x8 slot, a 10 Gb/s port among 100) or a throttled host is further off.
+SLOW_FACTOR = 4.0
+# The pairs that do not touch a node (or rank) it takes to compare it with: with fewer, one noisy
+# pair would decide, so 4 nodes (or 4 ranks in a node) are the least that can name one.
+MIN_OTHER_PAIRS = 2
 # How long rank 0 waits for the ranks' word through the store after a failed step: the store is
 # a launcher's socket, so a rank that can answer does so within milliseconds.
 LIVENESS_GRACE_S = 2.0
@@ -99,26 +104,41 @@ class Check:
         if self.backend == "nccl":
             torch.cuda.set_device(self.local_rank if torch.cuda.device_count() > self.local_rank else 0)
             self.device = torch.device("cuda", torch.cuda.current_device())
-        self.tcp_store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), self.world,
-                                       False, timedelta(seconds=self.deadline))
+        self.steps = []
+        # No world size: a client given one counts itself in the script's "init/" key.
+        with self.bounded(self.deadline):
+            self.tcp_store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]),
+                                           is_master=False, timeout=timedelta(seconds=self.deadline))
         # Each pass (the NCCL retries are passes too) has keys of its own.
         self.store = dist.PrefixStore(KEY_PREFIX + env.get("MCPRUN_PREFLIGHT_PASS", "0"),
                                       self.tcp_store)
-        self.steps = []
 
     # -- the store: small JSON values, every wait bounded ------------------------------------
+    def bounded(self, seconds, step=None):
+        """A watchdog over one blocking call: torch 2.x's store client waits on a link that went
+        dead without its timeout (and an NCCL collective may never return), so past `seconds`
+        and a grace this rank gives up for good, with a report of its own."""
+        return _Watchdog(seconds + LIVENESS_GRACE_S, lambda: self.finish_without_store(step))
+
+    def bounded_op(self, seconds, step):
+        """gloo's collectives keep their own deadline; NCCL's get the watchdog."""
+        return self.bounded(seconds, step) if self.backend == "nccl" else _NoWatchdog()
+
     def put(self, key, value):
         """False when the store no longer answers."""
         try:
-            self.store.set(key, json.dumps(value))
+            with self.bounded(self.deadline):
+                self.store.set(key, json.dumps(value))
             return True
         except Exception:
             return False
 
     def get(self, key, timeout_s):
+        timeout_s = max(timeout_s, 0.05)
         try:
-            self.store.wait([key], timedelta(seconds=max(timeout_s, 0.05)))
-            return json.loads(self.store.get(key))
+            with self.bounded(timeout_s):
+                self.store.wait([key], timedelta(seconds=timeout_s))
+                return json.loads(self.store.get(key))
         except Exception:  # A timeout or a lost store: the caller says what it means.
             return None
 
@@ -173,10 +193,11 @@ class Check:
     def init_world(self):
         start = time.monotonic()
         try:
-            self.pg = self.process_group("world", self.rank, self.world, self.deadline)
-            # NCCL connects lazily: a first all-reduce makes the init step a real one.
-            self.pg.allreduce([self.torch.ones(1, device=self.device)]).wait()
-            self.sync()
+            with self.bounded(self.deadline, "init"):
+                self.pg = self.process_group("world", self.rank, self.world, self.deadline)
+                # NCCL connects lazily: a first all-reduce makes the init step a real one.
+                self.pg.allreduce([self.torch.ones(1, device=self.device)]).wait()
+                self.sync()
             self.steps.append({"step": "init", "ok": True, "seconds": time.monotonic() - start})
         except Exception as error:  # A timeout, a refused peer: the step failed, and why.
             self.steps.append({"step": "init", "ok": False, "seconds": time.monotonic() - start,
@@ -199,20 +220,8 @@ class Check:
         start = time.monotonic()
         try:
             for size in self.sizes():
-                data = self.torch.ones(size // 4, dtype=self.torch.float32, device=self.device)
-                t0 = time.monotonic()
-                self.pg.allreduce([data]).wait()
-                self.sync()
-                # Every rank must run as many iterations: agree on the slowest warm-up.
-                warmup = self.torch.tensor([time.monotonic() - t0], device=self.device)
-                self.pg.allreduce([warmup], max_op(self.dist)).wait()
-                iters = max(1, min(MAX_ITERS, int(SIZE_BUDGET_S / max(warmup.item(), 1e-6))))
-                t0 = time.monotonic()
-                for _ in range(iters):
-                    self.pg.allreduce([data]).wait()
-                self.sync()
-                results.append({"bytes": size, "seconds": (time.monotonic() - t0) / iters,
-                                "iters": iters})
+                with self.bounded_op(3 * self.deadline, "all-reduce"):
+                    results.append(self.time_all_reduce(size))
             self.steps.append({"step": "all-reduce", "ok": True, "sizes": results,
                                "seconds": time.monotonic() - start})
             return True
@@ -220,6 +229,21 @@ class Check:
             self.steps.append({"step": "all-reduce", "ok": False, "sizes": results,
                                "seconds": time.monotonic() - start, "error": one_line(error)})
             return False
+
+    def time_all_reduce(self, size):
+        data = self.torch.ones(size // 4, dtype=self.torch.float32, device=self.device)
+        t0 = time.monotonic()
+        self.pg.allreduce([data]).wait()
+        self.sync()
+        # Every rank must run as many iterations: they agree on the slowest warm-up.
+        warmup = self.torch.tensor([time.monotonic() - t0], device=self.device)
+        self.pg.allreduce([warmup], max_op(self.dist)).wait()
+        iters = max(1, min(MAX_ITERS, int(SIZE_BUDGET_S / max(warmup.item(), 1e-6))))
+        t0 = time.monotonic()
+        for _ in range(iters):
+            self.pg.allreduce([data]).wait()
+        self.sync()
+        return {"bytes": size, "seconds": (time.monotonic() - t0) / iters, "iters": iters}
 
     def pairs(self, live):
         """This rank's exchanges with each live partner, one round-robin round at a time."""
@@ -239,19 +263,21 @@ class Check:
                 # rendezvous waits for it that long again, the exchange itself only one deadline.
                 self.store_patience(2 * self.deadline + LIVENESS_GRACE_S)
                 try:
-                    pg = self.process_group(f"pair/{number}/{pair[0]}-{pair[1]}", me, 2,
-                                            self.deadline)
+                    with self.bounded(2 * self.deadline + LIVENESS_GRACE_S):
+                        pg = self.process_group(f"pair/{number}/{pair[0]}-{pair[1]}", me, 2,
+                                                self.deadline)
                 finally:
                     self.store_patience(self.deadline)
-                exchange(pg, small, me)  # Connects (NCCL lazily) before the timing.
-                self.sync()
-                best = None
-                for _ in range(PAIR_REPEATS):
-                    t1 = time.monotonic()
-                    exchange(pg, data, me)
+                with self.bounded_op(2 * self.deadline, "pairs"):
+                    exchange(pg, small, me)  # Connects (NCCL lazily) before the timing.
                     self.sync()
-                    elapsed = time.monotonic() - t1
-                    best = elapsed if best is None else min(best, elapsed)
+                    best = None
+                    for _ in range(PAIR_REPEATS):
+                        t1 = time.monotonic()
+                        exchange(pg, data, me)
+                        self.sync()
+                        elapsed = time.monotonic() - t1
+                        best = elapsed if best is None else min(best, elapsed)
                 results.append({"peer": peer, "ok": True, "bw": 2 * PAIR_BYTES / best})
             except Exception as error:
                 results.append({"peer": peer, "ok": False, "seconds": time.monotonic() - t0,
@@ -304,17 +330,22 @@ class Check:
         self.write(report)
         return 0
 
-    def finish_without_store(self):
-        """This rank lost the job store (or rank 0): it cannot hear the verdict, so its own is
-        that this node cannot reach the job."""
-        master = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
-        failed = next((s for s in self.steps if not s["ok"]), None)
-        what = f"the {failed['step']} step failed ({failed.get('error', '')}) and " if failed else ""
-        verdict = (f"{self.node} (rank {self.rank}) lost the job: {what}the job store at {master} "
-                   f"(rank 0's node) no longer answers; check this node's link to it")
-        self.write({"ok": False, "verdict": verdict, "faults": [{"kind": "dead", "what": "node",
-                                                                  "name": self.node}],
-                    "text": f"mcprun preflight: {verdict}\n"})
+    def finish_without_store(self, hung_step=None):
+        """This rank lost the job store (or rank 0), or a step hung past every deadline: it
+        cannot hear the verdict, so its own is that this node cannot reach the job."""
+        if hung_step:
+            verdict = (f"FAIL: {self.node} (rank {self.rank}): the {hung_step} step hung past its "
+                       f"{self.deadline:g} s deadline ({self.backend})")
+            fault = {"kind": "dead", "what": "step", "name": hung_step}
+        else:
+            master = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+            failed = next((s for s in self.steps if not s["ok"]), None)
+            what = f"the {failed['step']} step failed ({failed.get('error', '')}) and " if failed else ""
+            verdict = (f"FAIL: {self.node} (rank {self.rank}) lost the job: {what}the job store at "
+                       f"{master} (rank 0's node) no longer answers; check this node's link to it")
+            fault = {"kind": "dead", "what": "node", "name": self.node}
+        self.write({"ok": False, "dead": True, "backend": getattr(self, "backend", "gloo"),
+                    "verdict": verdict, "faults": [fault], "text": f"mcprun preflight: {verdict}\n"})
         return 0
 
     def write(self, report):
@@ -324,6 +355,39 @@ class Check:
         with open(tmp, "w") as f:
             json.dump(report, f)
         os.replace(tmp, self.report_path)
+
+
+class _NoWatchdog:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class _Watchdog:
+    """Calls `give_up` and ends the process unless the block it guards ends within `seconds`."""
+
+    def __init__(self, seconds, give_up):
+        self.timer = threading.Timer(seconds, self.expire, args=(give_up,))
+        self.timer.daemon = True
+
+    @staticmethod
+    def expire(give_up):
+        try:
+            give_up()
+        finally:
+            sys.stderr.flush()
+            os._exit(0)
+
+    def __enter__(self):
+        self.timer.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.timer.cancel()
+        return False
+
 
 
 def max_op(dist):
@@ -390,9 +454,10 @@ def judge(check, live, results):
         "steps": {name: step_summary(steps, live, name) for name in ("init", "all-reduce", "pairs")},
         "all_reduce": allreduce,
         "pairs": [{"ranks": [a, b], "bw": v} for (a, b), v in sorted(pairs.items())],
-        "slow_rule": f"a rank, node or link is slow when its pairs' median bandwidth is below "
-                     f"1/{SLOW_FACTOR:g} of the median of the pairs that do not touch it "
-                     f"(compared within the node and across nodes separately)",
+        "slow_rule": f"a node (or a rank within its node) is slow when its pairs' median "
+                     f"bandwidth is below 1/{SLOW_FACTOR:g} of the median of the "
+                     f"{MIN_OTHER_PAIRS} or more pairs that do not touch it; a GPU when its PCIe "
+                     f"link is narrower than its node's other GPUs'",
         "faults": faults,
         "floor_busbw": floor,
         "verdict": verdict,
@@ -487,7 +552,7 @@ def slow_faults(pairs, node_of, already):
             touching = [v for k, v in group.items() if name in (key(k[0]), key(k[1]))]
             others = [v for k, v in group.items() if name not in (key(k[0]), key(k[1]))]
             label = name if what == "node" else f"rank {name}"
-            if not touching or not others or label in already:
+            if not touching or len(others) < MIN_OTHER_PAIRS or label in already:
                 continue
             mine, theirs = median(touching), median(others)
             if mine * SLOW_FACTOR < theirs:
@@ -519,7 +584,7 @@ def verdict_line(faults, allreduce, infos, node_of, check):
     figure = (f"all-reduce busbw {gbps(allreduce[-1]['busbw'])} GB/s at "
               f"{human_bytes(allreduce[-1]['bytes'])}" if allreduce else "no all-reduce figure")
     if not faults:
-        return f"OK: every pair within {SLOW_FACTOR:g}x of the others; {figure}"
+        return f"OK: no rank, GPU, node or link stands out (the {SLOW_FACTOR:g}x rule); {figure}"
     said = []
     for fault in faults:
         where = describe(fault, infos, node_of)
