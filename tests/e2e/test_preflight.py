@@ -111,6 +111,14 @@ class OneHost(LauncherTestCase):
         self.assertIn("x8", summary["preflight"]["verdict"])
         self.assertIn("--preflight=warn: starting the script anyway", err)
 
+    def test_doctor_collectives_runs_the_check_alone(self):
+        code, out, err = self.run_mcprun("doctor", "--collectives", "-n", "2")
+        self.assertEqual(code, 0, err)
+        self.assertRegex(err, r"mcprun preflight: 2 ranks on 1 node\(s\), gloo")
+        self.assertIn("mcprun preflight: OK", err)
+        code, _, err = self.run_mcprun("doctor", "--collectives", "--preflight=warn")
+        self.assertEqual((code, err.count("\n")), (2, 1), err)
+
     def test_bad_preflight_value_is_a_usage_error(self):
         code, _, err = self.run_mcprun("--preflight=maybe", "-n", "1", "x.py")
         self.assertEqual(code, 2)
