@@ -433,7 +433,7 @@ def judge(check, live, results):
     # Pairs with a rank already dead say nothing more about it.
     dead_pairs = [k for k, v in pairs.items() if v is None and k[0] in live and k[1] in live]
     faults += attribute_pairs(dead_pairs, pairs, node_of, "dead")
-    faults += slow_faults(pairs, node_of, [f["name"] for f in faults])
+    faults += slow_faults(pairs, node_of, [f["name"] for f in faults], check.backend == "nccl")
     faults += pcie_faults(infos)
 
     allreduce = all_reduce_figures(steps, live, world)
@@ -454,7 +454,7 @@ def judge(check, live, results):
         "steps": {name: step_summary(steps, live, name) for name in ("init", "all-reduce", "pairs")},
         "all_reduce": allreduce,
         "pairs": [{"ranks": [a, b], "bw": v} for (a, b), v in sorted(pairs.items())],
-        "slow_rule": f"a node (or a rank within its node) is slow when its pairs' median "
+        "slow_rule": f"a node (or, on GPUs, a rank within its node) is slow when its pairs' median "
                      f"bandwidth is below 1/{SLOW_FACTOR:g} of the median of the "
                      f"{MIN_OTHER_PAIRS} or more pairs that do not touch it; a GPU when its PCIe "
                      f"link is narrower than its node's other GPUs'",
@@ -540,13 +540,18 @@ def attribute_pairs(bad_pairs, pairs, node_of, kind):
     return faults
 
 
-def slow_faults(pairs, node_of, already):
-    """The slow rule, first for nodes across the network, then ranks within a node."""
+def slow_faults(pairs, node_of, already, judge_ranks):
+    """The slow rule, first for nodes across the network, then (GPUs only) ranks within a node.
+    CPU ranks of one node share its memory: what sets them apart is only what else the cores
+    run (on a busy box up to 7x between two loopback pairs), never a link."""
     faults = []
     measured = {k: v for k, v in pairs.items() if v is not None}
     across = {k: v for k, v in measured.items() if node_of[k[0]] != node_of[k[1]]}
     within = {k: v for k, v in measured.items() if node_of[k[0]] == node_of[k[1]]}
-    for what, group, key in (("node", across, lambda r: node_of[r]), ("rank", within, lambda r: r)):
+    rules = [("node", across, lambda r: node_of[r])]
+    if judge_ranks:
+        rules.append(("rank", within, lambda r: r))
+    for what, group, key in rules:
         names = sorted({key(r) for k in group for r in k}, key=str)
         for name in names:
             touching = [v for k, v in group.items() if name in (key(k[0]), key(k[1]))]
@@ -665,6 +670,9 @@ def format_report(report, infos, pairs, node_of):
             f"{human_bytes(f['bytes'])} {gbps(f['busbw'])}" for f in report["all_reduce"]))
     else:
         lines.append("  all-reduce: no figure")
+    lines.append("  steps (s): " + ", ".join(
+        f"{name} {step['seconds']:.2f}" + ("" if step["ok"] else " FAILED")
+        for name, step in report["steps"].items() if step.get("ran")))
     lines.append(f"mcprun preflight: {report['verdict']}")
     return "\n".join(lines) + "\n"
 
