@@ -6,11 +6,12 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 import unittest
 
-from harness import MCPRUN, LauncherTestCase, alive, wait_for
+from harness import MCPRUN, REPO, LauncherTestCase, alive, wait_for
 from fake_sysfs import make_tree
 from test_netns import NamespaceHosts, can_make_namespaces, ip
 from test_rendezvous import RENDEZVOUSD
@@ -56,6 +57,67 @@ def preflight_processes(tmp):
         except OSError:
             continue
     return found
+
+
+sys.path.insert(0, os.path.join(REPO, "python"))
+from mcprun import _preflight as preflight  # noqa: E402  (its judging needs no torch)
+
+
+class Judging(unittest.TestCase):
+    """The verdict's rules on made-up figures: compared with each other, never a spec sheet."""
+
+    def test_round_robin_meets_every_pair_once_in_about_n_rounds(self):
+        for n in (2, 3, 4, 7, 8):
+            rounds = preflight.round_robin(range(n))
+            self.assertEqual(len(rounds), n - 1 if n % 2 == 0 else n)
+            met = [pair for pairs in rounds for pair in pairs]
+            self.assertEqual(sorted(met), [(a, b) for a in range(n) for b in range(a + 1, n)])
+            for pairs in rounds:  # Nobody plays twice in a round.
+                ranks = [r for pair in pairs for r in pair]
+                self.assertEqual(len(ranks), len(set(ranks)))
+
+    def pairs(self, n, bandwidth):
+        return {(a, b): bandwidth(a, b) for a in range(n) for b in range(a + 1, n)}
+
+    def test_a_slow_node_is_named_and_a_uniformly_slow_job_is_not(self):
+        nodes = {r: f"host{r}" for r in range(4)}
+        slow = self.pairs(4, lambda a, b: 12e6 if 3 in (a, b) else 1.5e9)
+        faults = preflight.slow_faults(slow, nodes, [], judge_ranks=False)
+        self.assertEqual([(f["what"], f["name"]) for f in faults], [("node", "host3")])
+        uniform = self.pairs(4, lambda a, b: 12e6)
+        self.assertEqual(preflight.slow_faults(uniform, nodes, [], judge_ranks=False), [])
+        noisy = self.pairs(4, lambda a, b: 1.5e9 / (3 if (a, b) == (1, 2) else 1))
+        self.assertEqual(preflight.slow_faults(noisy, nodes, [], judge_ranks=False), [])
+        three = {r: f"host{r}" for r in range(3)}  # Too few pairs to compare a node with.
+        self.assertEqual(preflight.slow_faults(self.pairs(3, lambda a, b: 1e6 if 2 in (a, b) else 1e9),
+                                               three, [], judge_ranks=False), [])
+
+    def test_a_rank_within_a_node_is_judged_on_gpus_only(self):
+        one_node = {r: "box" for r in range(4)}
+        pairs = self.pairs(4, lambda a, b: 2e9 if 1 in (a, b) else 20e9)
+        self.assertEqual([(f["what"], f["name"]) for f in
+                          preflight.slow_faults(pairs, one_node, [], judge_ranks=True)],
+                         [("rank", "rank 1")])
+        self.assertEqual(preflight.slow_faults(pairs, one_node, [], judge_ranks=False), [])
+
+    def test_dead_pairs_are_explained_by_what_they_share(self):
+        nodes = {r: f"host{r}" for r in range(4)}
+        pairs = self.pairs(4, lambda a, b: None if 2 in (a, b) else 1e9)
+        faults = preflight.attribute_pairs([k for k, v in pairs.items() if v is None], pairs, nodes, "dead")
+        self.assertEqual([(f["what"], f["name"]) for f in faults], [("node", "host2")])
+        pairs = self.pairs(4, lambda a, b: None if (a, b) == (0, 3) else 1e9)
+        faults = preflight.attribute_pairs([(0, 3)], pairs, nodes, "dead")
+        self.assertEqual([(f["what"], f["ranks"]) for f in faults], [("link", [0, 3])])
+
+    def test_the_narrow_gpu_is_named_against_its_neighbours(self):
+        gpu = lambda bus, width: {"bus_id": bus, "link_width": width, "max_link_width": 16}
+        infos = {0: {"node": "box", "gpu": gpu("0000:1a:00.0", 16)},
+                 1: {"node": "box", "gpu": gpu("0000:3b:00.0", 8)},
+                 2: {"node": "box", "gpu": gpu("0000:5e:00.0", 16)}}
+        self.assertEqual([f["name"] for f in preflight.pcie_faults(infos)], ["GPU 0000:3b:00.0"])
+        for info in infos.values():
+            info["gpu"]["link_width"] = 8  # Every slot x8: a figure, not a fault.
+        self.assertEqual(preflight.pcie_faults(infos), [])
 
 
 class OneHost(LauncherTestCase):
