@@ -16,6 +16,8 @@ enum ExitStatus : int {
   /// Under Slurm, SIGTERM (scancel, the time limit, preemption) stopped the group: not a worker's
   /// failure, so a --requeue batch script can requeue on it.
   kExitSlurmCancelled = 76,
+  /// --preflight=fail found a slow or dead rank, node or link: the script never started.
+  kExitPreflightFailed = 77,
   kExitJobTimeout = 124, ///< --timeout passed before the job ended (as timeout(1) reports it).
   kExitSignalBase = 128  ///< 128 + N: a worker died of signal N, or mcprun was interrupted by N.
 };

@@ -261,6 +261,8 @@ int Launch::run() {
     if (config_.uses_rendezvous())
       if (auto code = join_round(restart_count)) return *code;
     if (!serve_store_if_master()) return kExitFailure;
+    if (attempt == 0)
+      if (auto code = run_preflight()) return *code;
     summary_.stall_ranks.clear();
     reported_nodes_.clear();
     watch_->begin_attempt(plan_->job.world_size, plan_->job.master_port, stall_hooks());
@@ -382,6 +384,7 @@ std::optional<int> Launch::prepare_supervision() {
   }
   if (config_.uses_rendezvous()) {
     group_->on_first_failure([this](const WorkerOutcome& worker) {
+      if (in_preflight_) return;
       rendezvous_->report_failure("rank " + std::to_string(worker.rank) + " on " + host_ +
                                       " failed with " + describe_exit(worker.exit_code, worker.signal),
                                   exit_code_for(worker));
@@ -459,6 +462,138 @@ std::optional<int> Launch::join_round(int restart_count) {
   };
   events.on_barrier_done = [this](const std::string& name) { watch_->complete_barrier(name); };
   rendezvous_->watch(std::move(events));
+  return std::nullopt;
+}
+
+namespace {
+
+/// Where the preflight's keys live in the job store (torch's clients add the leading slash);
+/// erased before the script starts.
+constexpr std::string_view kPreflightKeyPrefix = "/mcprun/preflight/";
+
+/// What the preflight's table shows of this node: its name and each local rank's GPU.
+nlohmann::json preflight_node(const RankPlan& plan, const std::string& node) {
+  nlohmann::json gpus = nlohmann::json::object();
+  for (const RankSlot& slot : plan.slots)
+    if (const auto& gpu = slot.identity.gpu)
+      gpus[std::to_string(slot.identity.local_rank)] = {
+          {"bus_id", gpu->bus_id}, {"numa_node", gpu->numa_node},
+          {"link_width", gpu->link_width}, {"max_link_width", gpu->max_link_width},
+          {"link_speed", gpu->link_speed}, {"max_link_speed", gpu->max_link_speed}};
+  return {{"node", node}, {"gpus", gpus}};
+}
+
+/// The report local rank 0 wrote, or a failed one saying why there is none.
+nlohmann::json read_preflight_report(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  nlohmann::json report = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (in && report.is_object() && report.contains("ok")) return report;
+  const std::string verdict = "FAIL: the check left no report (" + file.string() +
+                              "): see its ranks' output above";
+  return {{"ok", false}, {"verdict", verdict}, {"faults", nlohmann::json::array()},
+          {"text", "mcprun preflight: " + verdict + "\n"}};
+}
+
+/// What the NCCL retries say of the transports, from whether each passed.
+std::string nccl_transport_finding(const nlohmann::json& retries) {
+  if (retries.value("NCCL_P2P_DISABLE", false))
+    return "it passes with NCCL_P2P_DISABLE=1: GPU peer-to-peer fails on this box; check the "
+           "IOMMU/ACS settings and the PCIe switch, and run with NCCL_P2P_DISABLE=1 meanwhile";
+  if (retries.value("NCCL_SHM_DISABLE", false))
+    return "it passes with NCCL_SHM_DISABLE=1: NCCL's shared-memory transport fails; check "
+           "/dev/shm (mcprun doctor; docker's default is 64 MB)";
+  return "it fails with NCCL_P2P_DISABLE=1 and with NCCL_SHM_DISABLE=1 too: not those "
+         "transports, but the network or a GPU";
+}
+
+}  // namespace
+
+std::optional<int> Launch::run_preflight() {
+  if (config_.preflight == LaunchConfig::Preflight::kOff) return std::nullopt;
+  const auto python = find_executable(worker_python(inherited_), search_path_of(inherited_));
+  if (!python || !python_helper_dir()) {
+    spdlog::error("--preflight needs python ({}) and mcprun's python folder next to mcprun "
+                  "(share/mcprun/python)", python.value_or(worker_python(inherited_)));
+    return kExitFailure;
+  }
+  spdlog::info("preflight: checking {} rank(s) before the script (step deadline {} s)",
+               plan_->job.world_size, config_.preflight_timeout);
+  nlohmann::json report;
+  if (auto code = preflight_pass(*python, 0, {}, report)) return *code;
+  if (!report.value("ok", false) && report.value("backend", std::string()) == "nccl" &&
+      report.value("dead", false)) {
+    // Which transport fails: every node retries alike, since every node got the same report.
+    size_t pass = 0;
+    for (const char* variable : {"NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE"}) {
+      nlohmann::json retry;
+      if (auto code = preflight_pass(*python, ++pass, {{variable, "1"}}, retry)) return *code;
+      report["retries"][variable] = retry.value("ok", false);
+    }
+    report["transport"] = nccl_transport_finding(report["retries"]);
+    report["text"] = report.value("text", std::string()) + "mcprun preflight: " +
+                     report["transport"].get<std::string>() + "\n";
+  }
+  std::fputs(report.value("text", std::string()).c_str(), stderr);
+  report.erase("text");
+  const bool ok = report.value("ok", false);
+  summary_.set_preflight(std::move(report));
+  if (ok) return std::nullopt;
+  if (config_.preflight == LaunchConfig::Preflight::kWarn) {
+    spdlog::warn("--preflight=warn: starting the script anyway");
+    return std::nullopt;
+  }
+  spdlog::error("--preflight=fail: not starting the script (exit {})",
+                static_cast<int>(kExitPreflightFailed));
+  if (rendezvous_) rendezvous_->report_failure("the preflight failed on " + host_, kExitPreflightFailed);
+  serve_remaining_nodes(kFailurePassOnTimeout);
+  return kExitPreflightFailed;
+}
+
+std::optional<int> Launch::preflight_pass(const std::string& python, size_t pass,
+                                          const Environment& transport, nlohmann::json& report) {
+  AttemptFiles files = run_dir_->attempt(0);
+  files.attempt_dir = run_dir_->path() / ("preflight_" + std::to_string(pass));
+  std::error_code ec;
+  std::filesystem::create_directories(files.attempt_dir, ec);
+  const auto report_file = files.attempt_dir / "report.json";
+  const auto node_file = files.attempt_dir / "node.json";
+  std::ofstream(node_file) << preflight_node(*plan_, config_.node_name.empty() ? host_ : config_.node_name);
+
+  // The same ranks, pinning, binding and environment as the script, running the check instead;
+  // the plan is the script's again before anything else reads it.
+  std::vector<std::string> argv = {python, "-u", "-m", "mcprun._preflight"};
+  const Environment job_env = plan_->extra_env;
+  std::swap(plan_->argv, argv);
+  for (const auto& [name, value] : transport) plan_->extra_env[name] = value;
+  plan_->extra_env["MCPRUN_PREFLIGHT_REPORT"] = report_file.string();
+  plan_->extra_env["MCPRUN_PREFLIGHT_NODE"] = node_file.string();
+  plan_->extra_env["MCPRUN_PREFLIGHT_PASS"] = std::to_string(pass);
+  plan_->extra_env["MCPRUN_PREFLIGHT_TIMEOUT"] = fmt::format("{}", config_.preflight_timeout);
+  plan_->extra_env["MCPRUN_COLLECTIVE_WATCH"] = "0";  // The check's groups are no job's.
+  in_preflight_ = true;
+  const AttemptResult result = group_->run_attempt(0, files);
+  in_preflight_ = false;
+  std::swap(plan_->argv, argv);
+  plan_->extra_env = job_env;
+  // Each pass has keys of its own: a node that starts the next pass first loses none of them.
+  if (store_) store_->erase_prefix(fmt::format("{}{}/", kPreflightKeyPrefix, pass));
+
+  // Another node that judged first may stop this one as its ranks leave: their report stands.
+  const bool reported = std::filesystem::exists(report_file, ec);
+  switch (result.end) {
+    case AttemptResult::End::kInterrupted:
+      return exit_code_for_signal(result.interrupt_signal);
+    case AttemptResult::End::kPeerStopped:
+      if (reported && !timed_out_) break;
+      spdlog::error("stopped during the preflight: {}", result.peer_reason);
+      return timed_out_ ? kExitJobTimeout : result.peer_exit_code;
+    case AttemptResult::End::kSpawnFailed:
+      spdlog::error("cannot start the preflight: {}", result.spawn_error);
+      return kExitFailure;
+    default:
+      break;
+  }
+  report = read_preflight_report(report_file);
   return std::nullopt;
 }
 

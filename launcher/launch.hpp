@@ -53,6 +53,13 @@ class Launch {
   /// One rendezvous round: join, move the plan to its place in the job, listen to the others;
   /// an exit code when this node cannot take part.
   std::optional<int> join_round(int restart_count);
+  /// --preflight: the check runs as every rank of the job, through the same worker group, before
+  /// the first attempt; an exit code when a fault must stop the launch (docs/preflight.md).
+  std::optional<int> run_preflight();
+  /// One run of the check, with `transport`'s NCCL variables added: `report` as local rank 0
+  /// wrote it, or an exit code when the run ended otherwise (a signal, another node's stop).
+  std::optional<int> preflight_pass(const std::string& python, size_t pass,
+                                    const Environment& transport, nlohmann::json& report);
   /// The master node serves the job store; every rank's env:// init is its client.
   bool serve_store_if_master();
   /// The job store on MASTER_PORT, observed by the watchdogs; false when the port cannot be had.
@@ -98,6 +105,7 @@ class Launch {
   bool timed_out_ = false;
   std::unique_ptr<RendezvousClient> rendezvous_;
   bool membership_change_ = false;
+  bool in_preflight_ = false;  ///< The preflight's ranks run: their ending is no job failure.
   /// What the last attempt would have ended with had no restart been left: the exit code when
   /// the job turns out unable to restart.
   int code_without_restart_ = kExitFailure;

@@ -139,6 +139,15 @@ TEST_F(JobFileTest, WrongShapesAndValuesNameKeyLineAndWhatWasExpected) {
             (dir_ / "missing.yaml").string() + ": cannot read the job file");
 }
 
+TEST_F(JobFileTest, PreflightTakesItsValueOrABool) {
+  using Preflight = LaunchConfig::Preflight;
+  EXPECT_EQ(parse_ok({"--config", write("preflight: fail\nscript: t.py\n")}).preflight, Preflight::kFail);
+  EXPECT_EQ(parse_ok({"--config", write("preflight: true\nscript: t.py\n")}).preflight, Preflight::kWarn);
+  EXPECT_EQ(parse_ok({"--config", write("preflight: no\nscript: t.py\n")}).preflight, Preflight::kOff);
+  const std::string path = write("preflight: maybe\nscript: t.py\n");
+  EXPECT_NE(parse_error({"--config", path}).find(path + ":1: preflight: expected"), std::string::npos);
+}
+
 TEST_F(JobFileTest, McprunsOwnChecksOfAFileValueNameItsLine) {
   const std::string path = write("script: t.py\nnnodes: 2:1\n");
   EXPECT_EQ(parse_error({"--config", path}),

@@ -88,6 +88,22 @@ TEST(LaunchConfig, CollectiveTimeoutIsFiniteByDefaultAndOffTurnsItOff) {
   }
 }
 
+TEST(LaunchConfig, PreflightIsOffByDefaultAndTheBareFlagWarns) {
+  using Preflight = LaunchConfig::Preflight;
+  EXPECT_EQ(parse_ok({"t.py"}).preflight, Preflight::kOff);
+  EXPECT_EQ(parse_ok({"--preflight", "t.py"}).preflight, Preflight::kWarn);
+  EXPECT_EQ(parse_ok({"--preflight", "t.py"}).script, "t.py");
+  EXPECT_EQ(parse_ok({"--preflight=fail", "t.py"}).preflight, Preflight::kFail);
+  EXPECT_EQ(parse_ok({"--preflight=warn", "t.py"}).preflight, Preflight::kWarn);
+  EXPECT_EQ(parse_ok({"--preflight=off", "t.py"}).preflight, Preflight::kOff);
+  EXPECT_EQ(parse_ok({"t.py"}).preflight_timeout, 10);
+  EXPECT_EQ(parse_ok({"--preflight-timeout", "3", "t.py"}).preflight_timeout, 3);
+  const std::string message = parse_error({"--preflight=maybe", "t.py"});
+  EXPECT_NE(message.find("--preflight"), std::string::npos) << message;
+  EXPECT_NE(parse_error({"--preflight-timeout", "0", "t.py"}).find("--preflight-timeout"),
+            std::string::npos);
+}
+
 TEST(LaunchConfig, StandaloneIsOneNode) {
   for (const char* nnodes : {"2", "1:2", "2:4"}) {
     const std::string message = parse_error({"--standalone", "--nnodes", nnodes, "t.py"});

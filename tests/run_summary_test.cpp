@@ -237,6 +237,17 @@ TEST_F(RunSummaryTest, SuccessHasEveryRankExitZero) {
   EXPECT_EQ(junit.find("<failure"), std::string::npos);
 }
 
+TEST_F(RunSummaryTest, APreflightThatStoppedTheLaunchIsTheRootCause) {
+  RunSummary summary(config_, "node-a");
+  EXPECT_TRUE(summary.format_json(0)["preflight"].is_null()) << "null without --preflight";
+  summary.set_preflight({{"ok", false}, {"verdict", "FAIL: node host3 is DEAD"}, {"floor_busbw", 1e9}});
+  const auto json = summary.format_json(kExitPreflightFailed);
+  EXPECT_EQ(json["result"], "failed");
+  EXPECT_EQ(json["root_cause"], "preflight: FAIL: node host3 is DEAD");
+  EXPECT_EQ(json["preflight"]["floor_busbw"], 1e9);
+  EXPECT_TRUE(json["world_size"].is_null()) << "the preflight is no attempt";
+}
+
 TEST_F(RunSummaryTest, AnEndingNoAttemptExplainsIsTheLastLoggedError) {
   RunSummary summary(config_, "node-a");
   spdlog::error("job 'job42' at 127.0.0.1:1: connection refused");

@@ -425,6 +425,22 @@ TEST_F(TcpStoreServerTest, ResetIsANewStoreOnTheSamePort) {
       << "no key or counter of the last attempt is left";
 }
 
+TEST_F(TcpStoreServerTest, EraseKeepsConnectionsAndKeysOutsideThePrefix) {
+  TcpStoreServer server(io, bound_acceptor());
+  tcp::socket client = connect(server.port());
+  asio::write(client, asio::buffer(query(torch1::kSet) + str("mcprun/preflight/0/info/0") + str("a") +
+                                   query(torch1::kSet) + str("mcprun/preflight/1/info/0") + str("b") +
+                                   query(torch1::kSet) + str("/default_pg/0") + str("c") +
+                                   query(torch1::kNumKeys)));
+  EXPECT_EQ(receive(client, 8), raw<int64_t>(3));
+  server.erase_prefix("mcprun/preflight/0/");
+  EXPECT_EQ(server.value("mcprun/preflight/0/info/0"), nullptr);
+  ASSERT_NE(server.value("mcprun/preflight/1/info/0"), nullptr);
+  ASSERT_NE(server.value("/default_pg/0"), nullptr);
+  asio::write(client, asio::buffer(query(torch1::kNumKeys)));
+  EXPECT_EQ(receive(client, 8), raw<int64_t>(2)) << "the same connection still answers";
+}
+
 TEST_F(TcpStoreServerTest, TakesAnAcceptorThatIsAlreadyListening) {
   tcp::acceptor acceptor = bound_acceptor();
   acceptor.listen();

@@ -115,6 +115,12 @@ int run_doctor(const std::vector<std::string>& args) {
   app.add_flag("--no-torch", no_torch,
                "Skip the NCCL check, which imports torch in the workers' python ($PYTHON_EXEC, "
                "else the venv's python3 where pip installed mcprun, else python3)");
+  // main runs it before the checks: listed here so that --help shows it.
+  bool collectives = false;
+  app.add_flag("--collectives", collectives,
+               "Instead of these checks: the preflight over -n N ranks on this node (with "
+               "--nnodes, --rdzv-endpoint... across nodes), as mcprun --preflight=fail runs it "
+               "before a script; exit 1 when it names a slow or dead rank, GPU, node or link");
   if (auto done = parse_subcommand(app, args)) return *done;
   if (!rdzv_endpoint.empty()) {
     auto parsed = parse_endpoint(rdzv_endpoint, kConnectRules);

@@ -54,7 +54,9 @@ std::optional<std::string> command_line_value(const CLI::Option& option, const s
                                               const YAML::Node& value) {
   if (option.get_expected_min() == 0) {
     bool on = false;
-    if (!value.IsScalar() || !YAML::convert<bool>::decode(value, on)) return std::nullopt;
+    if (!value.IsScalar()) return std::nullopt;
+    // A flag that also takes a value (preflight: fail): as the command line spells it.
+    if (!YAML::convert<bool>::decode(value, on)) return value.Scalar();
     return on ? "true" : "false";
   }
   if (value.IsScalar()) return value.Scalar();

@@ -270,7 +270,8 @@ constexpr const char* kUsage =
 constexpr const char* kExitCodesAndExamples =
     "\nExit codes: 0 every worker exited 0; 1-125 the first failing worker's own code; 1 mcprun\n"
     "could not proceed; 2 usage error; 3 the job stalled; 75 rendezvous failed or a node was lost;\n"
-    "124 --timeout passed; 128+N a worker died of, or mcprun was interrupted by, signal N.\n"
+    "77 --preflight=fail found a fault; 124 --timeout passed; 128+N a worker died of, or mcprun\n"
+    "was interrupted by, signal N.\n"
     "--summary-json's \"result\" (success|failed|stalled|timeout|interrupted) tells them apart.\n\n"
     "CI examples:\n"
     "  mcprun --config configs/ci-smoke.yaml          # a job file; flags given here override it\n"
@@ -291,6 +292,7 @@ struct FlagTexts {
   std::string job_file_path;
   std::string collective_timeout = "180";
   std::string straggler_window = "60";
+  std::string preflight = "off";
   bool no_stack_dumps = false;
 };
 
@@ -506,6 +508,16 @@ void add_diagnosis_flags(CLI::App& app, LaunchConfig& config, FlagTexts& texts) 
   flag("no-stack-dumps", texts.no_stack_dumps,
        "On a stall, stop at once: no native stack dumps (py-spy, else gdb) and no Python "
        "tracebacks (SIGABRT to faulthandler) first");
+  app.add_flag("--preflight{warn}", texts.preflight,
+               "Before the script, check the job's own ranks: process-group init, all-reduce bus "
+               "bandwidth, every pair of ranks; name a slow or dead rank, GPU, node or link "
+               "(docs/preflight.md). warn (the bare flag): report and run; fail: a fault stops "
+               "the launch (exit 77); off (default)")
+      ->check(CLI::IsMember({"off", "warn", "fail", "true", "false"}))  // true, false: a job file's
+      ->type_name("warn|fail");
+  app.add_option("--preflight-timeout", config.preflight_timeout,
+                 "Seconds each preflight step may take before it counts as dead")
+      ->check(CLI::PositiveNumber);
   app.add_flag("--nccl-debug", config.nccl_debug,
                "Set NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=INIT,NET and TORCH_DISTRIBUTED_DEBUG=DETAIL "
                "for every worker");
@@ -783,6 +795,10 @@ Expected<LaunchRequest> parse_arguments(const std::vector<std::string>& args, Jo
   if (auto ended = parse_command_line(app, args, texts.job_file_path, job)) return *ended;
   if (auto done = take_script(app, job, config); !done) return done.error();
   config.stack_dumps = !texts.no_stack_dumps;
+  config.preflight = texts.preflight == "fail" ? LaunchConfig::Preflight::kFail
+                     : texts.preflight == "warn" || texts.preflight == "true"
+                         ? LaunchConfig::Preflight::kWarn
+                         : LaunchConfig::Preflight::kOff;
   config.stall.collective_timeout =
       texts.collective_timeout == "off" ? 0 : std::stod(texts.collective_timeout);
   config.stall.stragglers.window_s =

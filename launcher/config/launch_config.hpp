@@ -87,6 +87,9 @@ struct LaunchConfig {
   bool nccl_debug = false;              ///< --nccl-debug: NCCL/torch distributed debug logging.
   StallSettings stall;                  ///< --init-timeout, --collective-timeout, ... .
   bool stack_dumps = true;              ///< On a stall, dump stacks before stopping (--no-stack-dumps).
+  /// --preflight: a collective check over the job's ranks before the script; fail stops the launch.
+  enum class Preflight { kOff, kWarn, kFail } preflight = Preflight::kOff;
+  double preflight_timeout = 10;        ///< --preflight-timeout: each preflight step's deadline.
   bool dry_run = false;
   bool no_pin = false;
   bool virtual_local_rank = false;      ///< --virtual-local-rank: one visible GPU, LOCAL_RANK=0.

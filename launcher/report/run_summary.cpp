@@ -290,6 +290,8 @@ RunSummary::Verdict RunSummary::verdict(int exit_code) const {
   if (exit_code > kExitSignalBase && exit_code < kExitSignalBase + 65)
     return {"interrupted",
             "mcprun was interrupted by " + describe_exit(0, exit_code - kExitSignalBase)};
+  if (exit_code == kExitPreflightFailed && preflight_.is_object())
+    return {"failed", "preflight: " + preflight_.value("verdict", std::string("failed"))};
   if (exit_code == kExitRendezvous)
     return {"failed", logged.empty() ? "the rendezvous failed or a node was lost"
                                      : "rendezvous failed: " + logged};
@@ -359,6 +361,8 @@ nlohmann::ordered_json RunSummary::format_json(int exit_code) const {
       {"stall", last_ && last_->stall && ending.result == "stalled"
                     ? nlohmann::ordered_json::parse(to_json(*last_->stall).dump())
                     : nlohmann::ordered_json(nullptr)},
+      // The check before the script: table, figures, faults, verdict and bandwidth floor.
+      {"preflight", nlohmann::ordered_json::parse(preflight_.dump())},
       {"ranks", std::move(ranks)}};
 }
 

@@ -47,6 +47,8 @@ class RunSummary {
   void set_early_finisher(std::optional<EarlyFinisher> finisher) { early_finisher_ = finisher; }
   /// The stragglers the last attempt named: its `stragglers`.
   void set_stragglers(std::vector<StragglerEpisode> stragglers) { stragglers_ = std::move(stragglers); }
+  /// --preflight's report (docs/preflight.md), as the check wrote it; its text left out.
+  void set_preflight(nlohmann::json report) { preflight_ = std::move(report); }
 
   /// The --summary-json document, for mcprun's exit code.
   nlohmann::ordered_json format_json(int exit_code) const;
@@ -95,6 +97,7 @@ class RunSummary {
   std::string hint_;  ///< The last attempt's, when it failed or stalled; empty: none.
   std::optional<EarlyFinisher> early_finisher_;  ///< The last attempt's, when it failed.
   std::vector<StragglerEpisode> stragglers_;     ///< The last attempt's.
+  nlohmann::json preflight_;  ///< null: no --preflight ran.
   std::shared_ptr<LastErrorSink> last_error_;  ///< Explains an ending that no attempt does.
 };
 

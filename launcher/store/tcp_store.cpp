@@ -295,4 +295,12 @@ void TcpStoreServer::set(std::string_view key, std::string_view value) {
 
 void TcpStoreServer::reset() { service_->reset(); }
 
+void TcpStoreServer::erase_prefix(std::string_view prefix) {
+  StoreState& state = service_->state();
+  std::vector<std::string> doomed;
+  for (std::string_view key : state.keys())
+    if (key.starts_with(prefix)) doomed.emplace_back(key);
+  for (const std::string& key : doomed) state.erase(0, key);
+}
+
 }  // namespace mcprun

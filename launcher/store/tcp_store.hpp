@@ -188,6 +188,8 @@ class TcpStoreServer {
   /// Closes every connection and forgets every key, keeping the listening socket: a new store
   /// on the same port.
   void reset();
+  /// Forgets every key under `prefix`, connections kept: what a check run before the job wrote.
+  void erase_prefix(std::string_view prefix);
 
  private:
   std::shared_ptr<TcpStoreService> service_;
