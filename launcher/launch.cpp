@@ -270,6 +270,7 @@ int Launch::run() {
     AttemptResult result = group_->run_attempt(restart_count, run_dir_->attempt(attempt));
     summary_.end_attempt(result, run_dir_->attempt(attempt), plan_->job.world_size);
     collectives_at_end_ = watch_->ranks_in_collectives();  // Before end_attempt forgets them.
+    exiting_at_end_ = watch_->exiting_ranks();
     watch_->end_attempt();
     summary_.set_stragglers(watch_->stragglers());
     if (auto code = conclude(result, attempt, restart_count)) return *code;
@@ -694,8 +695,13 @@ std::optional<int> Launch::conclude(const AttemptResult& result, int attempt, in
   for (const WorkerOutcome& worker : result.workers) pids[worker.rank] = worker.pid;
   const WorkerOutcome& root = result.workers[result.first_failure];
   HintJob job = hint_job(pids);
-  for (const WorkerOutcome& worker : result.workers)
+  for (const WorkerOutcome& worker : result.workers) {
     if (!worker.failed() && !worker.stopped_by_launcher) job.finished_at[worker.rank] = worker.exit_time;
+    // Still in its interpreter's teardown when mcprun stopped it, its script long done.
+    if (auto exiting = exiting_at_end_.find(worker.rank);
+        worker.stopped_by_launcher && exiting != exiting_at_end_.end())
+      job.exiting_at[worker.rank] = exiting->second;
+  }
   job.failed_at = root.exit_time;
   const std::string hint = failure_hint(root.rank, failure_text(root), job, hint_probes_).value_or("");
   summary_.set_hint(hint);

@@ -112,6 +112,8 @@ class Launch {
   std::set<std::string> reported_nodes_;  ///< Nodes whose stall report arrived this attempt.
   /// Where each rank was by the collective watchdog when the attempt ended, for its report.
   std::map<int, std::string> collectives_at_end_;
+  /// When each rank's interpreter began to exit, as the attempt's last progress records said.
+  std::map<int, std::chrono::system_clock::time_point> exiting_at_end_;
 };
 
 }  // namespace mcprun

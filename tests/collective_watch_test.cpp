@@ -32,7 +32,14 @@ class Job {
       record.number = ++numbers_[rank];
       record.source = "flight_recorder";
       record.frames = {"train.py:40 in main", "train.py:12 in step"};
-      if (fill(rank, record)) watch_.observe(std::move(record), now_);
+      if (!fill(rank, record)) continue;
+      // A reporter ages each call it keeps seeing pending; a test's explicit age stands.
+      for (PendingCollective& pending : record.pending) {
+        const auto first = first_pending_.try_emplace(std::to_string(rank) + describe(pending), now_);
+        if (pending.pending_s == 0)
+          pending.pending_s = std::chrono::duration<double>(now_ - first.first->second).count();
+      }
+      watch_.observe(std::move(record), now_);
     }
   }
   std::optional<CollectiveStall> check() const { return watch_.check(now_); }
@@ -43,6 +50,7 @@ class Job {
   Clock::time_point now_ = Clock::now();
   CollectiveWatch watch_;
   std::vector<int64_t> numbers_;
+  std::map<std::string, Clock::time_point> first_pending_;  ///< Rank and call -> first seen.
 };
 
 TEST(CollectiveWatch, UnevenShardsAreAMismatchNamedAfterTheCallMostRanksWaitIn) {

@@ -216,21 +216,25 @@ const std::regex& peer_lost_pattern() {
 
 std::optional<EarlyFinisher> finished_before(int rank, const HintJob& job) {
   std::optional<EarlyFinisher> latest;
-  for (const auto& [finished, at] : job.finished_at) {
-    const double before = std::chrono::duration<double>(job.failed_at - at).count();
-    if (finished == rank || before < 0 || before > kEarlyFinisherWindow.count()) continue;
-    if (!latest || before < latest->seconds_before) latest = EarlyFinisher{finished, before};
-  }
+  for (const auto* finishers : {&job.finished_at, &job.exiting_at})
+    for (const auto& [finished, at] : *finishers) {
+      const double before = std::chrono::duration<double>(job.failed_at - at).count();
+      if (finished == rank || before < 0 || before > kEarlyFinisherWindow.count()) continue;
+      if (!latest || before < latest->seconds_before)
+        latest = EarlyFinisher{finished, before, finishers == &job.finished_at};
+    }
   return latest;
 }
 
 std::string peer_lost(const std::smatch&, const HintInput& input) {
   if (auto finisher = finished_before(input.rank, input.job))
-    return fmt::format("rank {} finished (exit 0) {:.1f} s before rank {} lost its peer: uneven "
+    return fmt::format("rank {} finished {} {:.1f} s before rank {} lost its peer: uneven "
                        "data across ranks? Every rank must run the same collectives: give each "
                        "the same number of batches (DistributedSampler(drop_last=True)) or use "
                        "DDP's join()",
-                       finisher->rank, finisher->seconds_before, input.rank);
+                       finisher->rank,
+                       finisher->exit_code_known ? "(exit 0)" : "(its script ended; its interpreter was exiting)",
+                       finisher->seconds_before, input.rank);
   return fmt::format("rank {} lost the connection to a peer rank: that peer ended or was cut off "
                      "first, so its end (another rank's exit, or another node) is the cause",
                      input.rank);

@@ -38,6 +38,8 @@ struct HintJob {
   /// When this node's ranks that exited 0 did so, and when the failing rank failed: a peer that
   /// finished early is the likely cause of a lost connection.
   std::map<int, std::chrono::system_clock::time_point> finished_at;
+  /// Ranks whose interpreter was exiting (their script ended) when mcprun stopped them, and since.
+  std::map<int, std::chrono::system_clock::time_point> exiting_at;
   std::chrono::system_clock::time_point failed_at;
 };
 
@@ -45,6 +47,7 @@ struct HintJob {
 struct EarlyFinisher {
   int rank = 0;
   double seconds_before = 0;  ///< Before the failing rank failed.
+  bool exit_code_known = true;  ///< It exited 0; else its interpreter was exiting.
 };
 
 /// How long before a lost peer a rank's clean exit still names it: gloo notices a closed peer at

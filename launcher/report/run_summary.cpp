@@ -343,7 +343,9 @@ nlohmann::ordered_json RunSummary::format_json(int exit_code) const {
       // A rank that exited 0 just before the failing rank lost its peer: the likely cause.
       {"early_finisher", early_finisher_ && ending.result == "failed"
                              ? nlohmann::ordered_json{{"rank", early_finisher_->rank},
-                                                      {"exit_code", 0},
+                                                      {"exit_code", early_finisher_->exit_code_known
+                                                                        ? nlohmann::ordered_json(0)
+                                                                        : nlohmann::ordered_json(nullptr)},
                                                       {"seconds_before_failure",
                                                        round_ms(early_finisher_->seconds_before)}}
                              : nlohmann::ordered_json(nullptr)},

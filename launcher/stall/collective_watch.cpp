@@ -131,6 +131,7 @@ CollectiveWatch::CollectiveWatch(double timeout_s, double interval_s, Clock::tim
     : timeout_s_(timeout_s), interval_s_(interval_s), last_progress_(now) {}
 
 void CollectiveWatch::observe(ProgressRecord record, Clock::time_point now) {
+  if (record.exiting) exiting_at_.try_emplace(record.rank, std::chrono::system_clock::now());
   auto it = ranks_.find(record.rank);
   if (it == ranks_.end() || it->second.last.pid != record.pid) {
     last_progress_ = now;  // A rank that joins (or a new process) is progress.
@@ -192,6 +193,9 @@ std::optional<CollectiveStall> CollectiveWatch::check(Clock::time_point now) con
     }
   }
   if (!chosen) return std::nullopt;  // Everyone is outside collectives: idle, not stuck.
+  // Pending for the whole timeout too: ranks that idled (a data loader's sleep) and then wait
+  // for a peer still idling have waited only since they arrived.
+  if (chosen_age < timeout_s_) return std::nullopt;
 
   CollectiveStall stall;
   stall.collective = *chosen;

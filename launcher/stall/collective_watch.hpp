@@ -114,6 +114,8 @@ class CollectiveWatch {
   /// Where each rank was at its last record, when any was in a collective: what a failure
   /// report adds when a rank failed in one (a process-group timeout shorter than mcprun's).
   std::map<int, std::string> ranks_in_collectives(Clock::time_point now) const;
+  /// When each rank's exiting record arrived: its script had ended (the early finisher's clue).
+  const std::map<int, std::chrono::system_clock::time_point>& exiting_at() const { return exiting_at_; }
 
  private:
   struct RankView {
@@ -130,6 +132,7 @@ class CollectiveWatch {
   Clock::time_point last_progress_;
   std::map<int, RankView> ranks_;
   std::map<int, std::string> ended_;
+  std::map<int, std::chrono::system_clock::time_point> exiting_at_;
 };
 
 }  // namespace mcprun

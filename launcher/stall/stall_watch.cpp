@@ -204,6 +204,10 @@ void StallWatch::check_stragglers() {
   spdlog::warn("{}", *line);
 }
 
+std::map<int, std::chrono::system_clock::time_point> StallWatch::exiting_ranks() const {
+  return collectives_ ? collectives_->exiting_at() : std::map<int, std::chrono::system_clock::time_point>{};
+}
+
 std::vector<StragglerEpisode> StallWatch::stragglers() const {
   return stragglers_ ? stragglers_->episodes() : last_stragglers_;
 }

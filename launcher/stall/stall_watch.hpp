@@ -77,6 +77,8 @@ class StallWatch {
   /// Each rank's last collective progress, when any rank was in a collective (see
   /// CollectiveWatch::ranks_in_collectives); empty where this node judges none.
   std::map<int, std::string> ranks_in_collectives() const;
+  /// When each rank's interpreter began to exit, by its last record; empty where this node judges none.
+  std::map<int, std::chrono::system_clock::time_point> exiting_ranks() const;
   /// Every straggler the straggler watch named in this attempt; empty where this node judges none.
   std::vector<StragglerEpisode> stragglers() const;
   /// How far each local worker got, as the report shows it.
