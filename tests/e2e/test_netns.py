@@ -186,12 +186,13 @@ class AcrossHosts(LauncherTestCase):
 
     def test_uneven_shards_across_hosts_are_named_on_every_host_and_stop_them_all(self):
         errs, summaries = self.collective_hang_on_every_host("uneven")
-        missing = [1] if TORCH2 else [0, 2]  # torch 1.13 sees rank 1's barrier, not DDP's call.
+        # torch 1.13 sees DDP's all-reduce through the sequence number it moved in backward().
         for err, summary in zip(errs, summaries):
             self.assertIn("job STALLED", err)
             self.assertIn("MISMATCH", err)
-            self.assertEqual(summary["stall"]["collective"]["missing"], missing)
-        self.assertEqual(summaries[0]["stall"]["collective"]["op"], "all_reduce" if TORCH2 else "barrier")
+            self.assertEqual(summary["stall"]["collective"]["missing"], [1])
+        self.assertEqual(summaries[0]["stall"]["collective"]["op"], "all_reduce")
+        self.assertEqual(summaries[0]["stall"]["collective"]["in_backward"], not TORCH2)
         self.assertFalse([pid for pid in self.pids() if alive(pid)])
 
     def test_mismatched_collectives_across_hosts_name_the_odd_rank_out(self):

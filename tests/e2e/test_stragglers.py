@@ -85,7 +85,9 @@ class StragglerTest(LauncherTestCase):
         self.assertEqual(summary["stragglers"], [])
 
     def test_a_balanced_job_names_nobody(self):
-        self.assert_nobody_named("balanced", int(os.environ.get("STRAGGLER_BALANCED_S", "120")))
+        # Two minutes where a straggler could be named; on torch 1.13, which names none, less.
+        default_s = "120" if TORCH2 else "30"
+        self.assert_nobody_named("balanced", int(os.environ.get("STRAGGLER_BALANCED_S", default_s)))
 
     def test_rank_0_evaluating_every_50_steps_names_nobody(self):
         self.assert_nobody_named("evaluates", 3 * WINDOW_S)
