@@ -338,18 +338,23 @@ class ProgressReporterTest(LauncherTestCase):
         self.assertGreater(last["n"], caught["n"])
         self.assertEqual([entry["op"] for entry in last["pending"]], ["recv"])
 
-    def exit_with_the_store_stalled(self, scenario, **env):
-        """Stops the job store (SIGSTOP) once the rank's reporter has sent it a record (on torch
-        2.x it then waits for the answer to its dump check), lets the rank exit, freeing a big
-        model slowly, and has the store answer again STORE_STALL_S later, with the interpreter
-        finalising. The thread must not come back from torch's store client then: the process
-        would abort."""
+    def store_in_its_own_process(self):
+        """(its process, its port): a job store this test can stop or kill, and a client to it."""
         server = subprocess.Popen([PYTHON, "-c", STORE_SERVER], stdout=subprocess.PIPE, text=True,
                                   start_new_session=True)
         self.procs.append(server)
         port = int(server.stdout.readline())
         self.store = dist.TCPStore("127.0.0.1", port, None, False,
                                    datetime.timedelta(seconds=DEADLINE_S), wait_for_workers=False)
+        return server, port
+
+    def exit_with_the_store_stalled(self, scenario, **env):
+        """Stops the job store (SIGSTOP) once the rank's reporter has sent it a record (on torch
+        2.x it then waits for the answer to its dump check), lets the rank exit, freeing a big
+        model slowly, and has the store answer again STORE_STALL_S later, with the interpreter
+        finalising. The thread must not come back from torch's store client then: the process
+        would abort."""
+        server, port = self.store_in_its_own_process()
         self.start_ranks(scenario, 1, MASTER_PORT=str(port),
                          TORCH_FR_DUMP_TEMP_FILE=os.path.join(self.tmp, "fr_"), **env)
         source = "flight_recorder" if TORCH2 else "stack"  # 2.x: each record asks for a dump.
@@ -369,12 +374,7 @@ class ProgressReporterTest(LauncherTestCase):
 
     def test_a_rank_exits_cleanly_after_its_store_host_went_away(self):
         # A static multi-node job whose first node (the store's host) finished first.
-        server = subprocess.Popen([PYTHON, "-c", STORE_SERVER], stdout=subprocess.PIPE, text=True,
-                                  start_new_session=True)
-        self.procs.append(server)
-        port = int(server.stdout.readline())
-        self.store = dist.TCPStore("127.0.0.1", port, None, False,
-                                   datetime.timedelta(seconds=DEADLINE_S), wait_for_workers=False)
+        server, port = self.store_in_its_own_process()
         self.start_ranks("slow_teardown", 1, MASTER_PORT=str(port))
         self.record(0)
         os.kill(server.pid, signal.SIGKILL)
