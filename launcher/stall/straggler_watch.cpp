@@ -37,8 +37,10 @@ std::string duration(double seconds) {
 // A run-queue wait this large, and this many times the others', is starvation, not noise.
 constexpr double kStarvedRunDelayShare = 0.2;
 constexpr double kStarvedOverOthers = 2;
-// Most of its samples in the data loader: the loader is where its time goes.
-constexpr double kDataLoaderShare = 0.5;
+// A quarter of its samples in the data loader, and twice the others': the loader is where its
+// time goes (a window holds few samples a rank, one a second, so a share of them is coarse).
+constexpr double kDataLoaderShare = 0.25;
+constexpr double kDataLoaderOverOthers = 2;
 
 }  // namespace
 
@@ -116,19 +118,21 @@ RankActivity StragglerWatch::activity(int rank, Clock::time_point) const {
 
 std::string StragglerWatch::cause_of(int rank, Clock::time_point now) const {
   const RankActivity own = activity(rank, now);
-  std::vector<double> cpu, run_delay;
+  std::vector<double> cpu, run_delay, data_loader;
   for (const auto& [other, history] : history_) {
     if (other == rank) continue;
     const RankActivity theirs = activity(other, now);
     cpu.push_back(theirs.cpu_share);
     run_delay.push_back(theirs.run_delay_share);
+    data_loader.push_back(theirs.data_loader_share);
   }
   const double others_delay = median(run_delay);
   if (own.run_delay_share >= kStarvedRunDelayShare &&
       own.run_delay_share >= kStarvedOverOthers * others_delay)
     return fmt::format("starved of CPU: it waited for a CPU {} of the time, the others {}",
                        percent(own.run_delay_share), percent(others_delay));
-  if (own.data_loader_share >= kDataLoaderShare)
+  if (own.data_loader_share >= kDataLoaderShare &&
+      own.data_loader_share >= kDataLoaderOverOthers * median(data_loader))
     return fmt::format("in its data loader: {} of its samples were in torch's DataLoader",
                        percent(own.data_loader_share));
   return fmt::format("in its own compute: it used {} of a CPU, the others {}",
