@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cmath>
 
 namespace mcprun {
 namespace {
@@ -100,7 +99,7 @@ void StragglerWatch::complete(const std::string& group, const Collective& collec
   samples_[group].push_back(sample);
 }
 
-RankActivity StragglerWatch::activity(int rank, Clock::time_point) const {
+RankActivity StragglerWatch::activity(int rank) const {
   RankActivity activity;
   auto it = history_.find(rank);
   if (it == history_.end() || it->second.size() < 2) return activity;
@@ -116,12 +115,12 @@ RankActivity StragglerWatch::activity(int rank, Clock::time_point) const {
   return activity;
 }
 
-std::string StragglerWatch::cause_of(int rank, Clock::time_point now) const {
-  const RankActivity own = activity(rank, now);
+std::string StragglerWatch::cause_of(int rank) const {
+  const RankActivity own = activity(rank);
   std::vector<double> cpu, run_delay, data_loader;
   for (const auto& [other, history] : history_) {
     if (other == rank) continue;
-    const RankActivity theirs = activity(other, now);
+    const RankActivity theirs = activity(other);
     cpu.push_back(theirs.cpu_share);
     run_delay.push_back(theirs.run_delay_share);
     data_loader.push_back(theirs.data_loader_share);
@@ -139,7 +138,7 @@ std::string StragglerWatch::cause_of(int rank, Clock::time_point now) const {
                      percent(own.cpu_share), percent(median(cpu)));
 }
 
-std::optional<StragglerEpisode> StragglerWatch::judge(Clock::time_point now, int64_t wall_ns) const {
+std::optional<StragglerEpisode> StragglerWatch::judge(int64_t wall_ns) const {
   // The group with the most collectives in the window: the default group under DDP.
   const std::deque<Sample>* samples = nullptr;
   const std::string* group = nullptr;
@@ -177,7 +176,7 @@ std::optional<StragglerEpisode> StragglerWatch::judge(Clock::time_point now, int
     episode.local_rank = info->second.local_rank;
     episode.cause_pid = info->second.pid;
   }
-  episode.cause = cause_of(episode.rank, now);
+  episode.cause = cause_of(episode.rank);
   return episode;
 }
 
@@ -209,7 +208,7 @@ std::optional<std::string> StragglerWatch::check(Clock::time_point now,
            static_cast<double>(wall_ns - samples.front().last_created_ns) / 1e9 > settings_.window_s)
       samples.pop_front();
   }
-  std::optional<StragglerEpisode> found = judge(now, wall_ns);
+  std::optional<StragglerEpisode> found = judge(wall_ns);
   if (current_ && found && found->rank == episodes_.back().rank) {
     StragglerEpisode& ongoing = episodes_.back();
     const bool doubled = found->median_lag_s >= 2 * ongoing.median_lag_s;

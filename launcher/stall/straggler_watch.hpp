@@ -57,8 +57,6 @@ class StragglerWatch {
   const StragglerEpisode* current() const { return current_ ? &episodes_.back() : nullptr; }
   /// Every straggler named in this attempt, oldest first.
   const std::vector<StragglerEpisode>& episodes() const { return episodes_; }
-  /// Each rank's clock offset from this host's, plus the shortest one-way delay of its records.
-  const std::map<int, int64_t>& clock_offsets_ns() const { return offset_ns_; }
 
  private:
   struct Sample {
@@ -83,9 +81,9 @@ class StragglerWatch {
     int pid = 0;
   };
   void complete(const std::string& group, const Collective& collective);
-  std::optional<StragglerEpisode> judge(Clock::time_point now, int64_t wall_ns) const;
-  RankActivity activity(int rank, Clock::time_point now) const;
-  std::string cause_of(int rank, Clock::time_point now) const;
+  std::optional<StragglerEpisode> judge(int64_t wall_ns) const;
+  RankActivity activity(int rank) const;
+  std::string cause_of(int rank) const;
   std::string describe(const StragglerEpisode& episode, bool changed) const;
 
   StragglerSettings settings_;
