@@ -16,6 +16,9 @@ import sys
 _FLIGHT_RECORDER_ENTRIES = "256"
 _DEFAULT_INTERVAL_S = 1.0
 _MIN_INTERVAL_S = 0.05
+# How long exit waits for the reporter's thread to end: it ends within a store round trip (its
+# socket timeouts are 2 s) unless a destructor it runs takes longer; past this the program exits.
+_THREAD_END_WAIT_S = 30.0
 
 
 def _debug(message):
@@ -41,12 +44,34 @@ def _torch_distributed_imported():
 
 class _ExitHandoff:
     """Gives the interpreter's exit to the reporter, however late its thread makes it: the exit
-    handler is registered at start, so it runs even when the program ends as the thread begins."""
+    handler is registered at start, so it runs even when the program ends as the thread begins.
+    Exit then waits for the thread itself to end, not only for the reporter to say it stopped: the
+    garbage collector runs on whichever thread allocates, so the thread can be inside any
+    object's destructor, torch's included, which release the GIL; coming back from one once the
+    interpreter finalises ends the thread in pthread_exit, and pybind11's noexcept frames turn
+    that into an abort of a rank that had finished its work."""
 
-    def __init__(self, allocate_lock):
-        self.lock = allocate_lock()
+    def __init__(self, thread_module):
+        self.thread_module = thread_module
+        self.lock = thread_module.allocate_lock()
         self.exiting = False
         self.reporter = None
+        self.owner_pid = os.getpid()
+        self.thread_ended = None  # Its sentinel: a lock the interpreter releases as it ends.
+
+    def start(self, function, args):
+        start_joinable = getattr(self.thread_module, "start_joinable_thread", None)  # 3.13+
+        if start_joinable is not None:
+            handle = start_joinable(lambda: function(*args), daemon=True)
+            self.thread_ended = lambda timeout: handle.join(timeout) or handle.is_done()
+        else:
+            self.thread_module.start_new_thread(self._track_then_run, (function, args))
+
+    def _track_then_run(self, function, args):
+        sentinel = self.thread_module._set_sentinel()  # Released as the thread's state goes.
+        sentinel.acquire()
+        self.thread_ended = lambda timeout: sentinel.acquire(timeout=timeout)
+        function(*args)
 
     def adopt(self, reporter):
         """From the thread: False once exit has begun, when the reporter must not start."""
@@ -56,11 +81,17 @@ class _ExitHandoff:
             return not self.exiting
 
     def exit(self):
+        # A forked child inherits this handler but not the thread it would wait for.
+        if os.getpid() != self.owner_pid:
+            return
         with self.lock:
             self.exiting = True
             reporter = self.reporter
-        if reporter is not None:
-            reporter.stop()
+        if reporter is None:
+            return  # The thread never makes a torch call, nor frees the program's objects.
+        reporter.request_stop()
+        if self.thread_ended is None or not self.thread_ended(_THREAD_END_WAIT_S):
+            reporter.abandon()
 
 
 def _wait_then_report(main_thread_id, interval_s, handoff):
@@ -83,9 +114,9 @@ def _start_collective_watch():
             os.environ["TORCH_FR_BUFFER_SIZE"] = _FLIGHT_RECORDER_ENTRIES
         import _thread
         import atexit  # Built in, like _thread: nothing to load.
-        handoff = _ExitHandoff(_thread.allocate_lock)
+        handoff = _ExitHandoff(_thread)
         atexit.register(handoff.exit)
-        _thread.start_new_thread(_wait_then_report, (_thread.get_ident(), _interval_s(), handoff))
+        handoff.start(_wait_then_report, (_thread.get_ident(), _interval_s(), handoff))
     except Exception as error:
         _debug(f"reporter not started: {error!r}")
 

@@ -168,6 +168,20 @@ TEST(CollectiveWatch, AnExitedRankIsMissingAndSaysHowItEnded) {
   EXPECT_EQ(stall->states.at(1), "exited: exit code 0");
 }
 
+TEST(CollectiveWatch, AFailureReportShowsTheCallARankThatExitedWasIn) {
+  // A process-group timeout: every rank times out, and which exits first is a race.
+  Job job(3);
+  for (int second = 0; second < 3; ++second)
+    job.second([&](int rank, ProgressRecord& record) {
+      record.pending = {rank == 1 ? call("barrier", 35) : call("all_reduce", 35)};
+      return true;
+    });
+  job.watch().rank_ended(1, "exit code 1");
+  const auto states = job.watch().ranks_in_collectives(Clock::now());
+  EXPECT_EQ(states.at(1).rfind("exited: exit code 1; last in barrier #35 on group 0", 0), 0u) << states.at(1);
+  EXPECT_EQ(states.at(0).rfind("in all_reduce #35 on group 0", 0), 0u) << states.at(0);
+}
+
 TEST(CollectiveWatch, ACallLeftForTeardownIsNoStallOnceTheRankSaysItIsExiting) {
   // Rank 2's last periodic record caught the final barrier; the others' came after it. Then
   // every interpreter exits, and torch's teardown outlasts the timeout with no record at all.

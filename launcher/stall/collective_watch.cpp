@@ -98,6 +98,12 @@ std::string describe(const PendingCollective& collective) {
   return text;
 }
 
+/// The call a rank's last record caught, or its frames outside one.
+std::string last_call(const ProgressRecord& last) {
+  return "last in " + (last.pending.empty() ? "user code: " + innermost_frames(last.frames)
+                                            : describe(last.pending.front()));
+}
+
 nlohmann::json to_json(const CollectiveStall& stall) {
   const PendingCollective& c = stall.collective;
   nlohmann::json states = nlohmann::json::object();
@@ -237,16 +243,15 @@ std::map<int, std::string> CollectiveWatch::ranks_in_collectives(Clock::time_poi
 
 std::string CollectiveWatch::state_of(int rank, const PendingCollective* stalled,
                                       Clock::time_point now) const {
-  if (auto ended = ended_.find(rank); ended != ended_.end()) return "exited: " + ended->second;
   auto it = ranks_.find(rank);
+  if (auto ended = ended_.find(rank); ended != ended_.end())
+    // Which rank exits first after a timeout is a race: the call it was in says more.
+    return "exited: " + ended->second + (it == ranks_.end() ? "" : "; " + last_call(it->second.last));
   if (it == ranks_.end()) return "sent no progress record: no process group seen";
   const RankView& view = it->second;
   const double age = seconds_between(view.received, now);
   // A stall report counts an exiting rank out; a failure report shows the call it left.
-  if (view.last.exiting && stalled)
-    return "exiting (its interpreter is shutting down); last in " +
-           (view.last.pending.empty() ? "user code: " + innermost_frames(view.last.frames)
-                                      : describe(view.last.pending.front()));
+  if (view.last.exiting && stalled) return "exiting (its interpreter is shutting down); " + last_call(view.last);
   for (const PendingCollective& pending : view.last.pending) {
     const double pending_for = pending.pending_s + age;
     if (!stalled || same_call(*stalled, pending))

@@ -15,7 +15,7 @@ protocol here, in Python) to one JSON record of under 4 KiB:
 At interpreter exit it sets the last record again with "exiting": true (and the next n): the
 rank has left its collectives, and the call that record caught pending stays for the failure
 report, but is not read as a stall for as long as torch's teardown takes. Exit waits for that
-record at most EXIT_WAIT_S, and the thread makes no torch call after (see Reporter.stop).
+record at most EXIT_WAIT_S, and for the thread to end (see sitecustomize's _ExitHandoff).
 
 Why the store is spoken to in Python: the thread must never be inside torch's C++ when the
 interpreter finalises. Python ends a thread that comes back from a call that released the GIL
@@ -24,7 +24,8 @@ then with pthread_exit, whose unwinding aborts the whole process in pybind11's n
 torch's store client blocks on the network (2.x's without bound on a store that stopped
 answering), so any store it talks to, late, gone or its host exited first, could do that. The
 torch calls left (the Flight Recorder's status, sequence numbers, group lookups) never block
-on anything outside the process; each runs under a lock that exit takes and keeps.
+on anything outside the process; exit waits for the thread to end, and should the thread
+outlive that wait, takes and keeps the lock each of them runs under.
 
 n counts the records this process built. source says where completed and pending come from:
 
@@ -68,11 +69,12 @@ DUMP_REQUEST_KEY = "mcprun/flight_recorder/dump"
 # Bounds the store connection's connect, each send and each answer: a slow store delays only
 # this thread.
 STORE_TIMEOUT_S = 2.0
-# How long exit waits for the thread's exiting record and the close of its store connection: one
-# round trip to the store, which a loaded machine can stretch past a tenth of a second.
+# How long exit waits for the thread's exiting record: one round trip to the store, which a
+# loaded machine can stretch past a tenth of a second.
 EXIT_WAIT_S = 1.0
-# How long exit waits for a torch call the thread is in: each reads this process's own state
-# (milliseconds); the bound is for a recorder lock held by a collective that never lets go.
+# How long exit waits for a torch call of a thread that outlived exit's wait for its end: each
+# reads this process's own state (milliseconds); the bound is for a recorder lock held by a
+# collective that never lets go.
 TORCH_CALL_WAIT_S = 5.0
 MAX_PENDING = 4
 MAX_FRAMES = 6
@@ -122,9 +124,7 @@ class Reporter:
     def __init__(self, main_thread_id, interval_s):
         self.main_thread_id = main_thread_id
         self.interval_s = interval_s
-        self.owner_pid = os.getpid()
         self.stop_requested = threading.Event()
-        self.stopped = threading.Event()
         self.torch_calls = threading.Lock()  # Held through each torch call: see stop().
         self.abandoned = False  # Set by exit under torch_calls: no torch call after.
         self.store = None
@@ -144,25 +144,21 @@ class Reporter:
             self.safely(self.report_exit)
         finally:
             self.close()
-            self.stopped.set()
 
-    def stop(self):
-        """At exit, from sitecustomize's handler: the exiting record if the thread is quick
-        enough, and in any case no torch call of the thread's once the interpreter finalises.
-        Store calls are Python's own sockets, which a finalising interpreter ends safely; a torch
-        call in progress is waited for (it blocks on nothing outside the process)."""
-        # A forked child inherits this exit handler but not the thread it would wait for.
-        if os.getpid() != self.owner_pid:
-            return
+    def request_stop(self):
+        """At exit, from sitecustomize's handler, which then waits for the thread to end: the
+        exiting record, on the open connection only, then the thread returns."""
         self.stop_requested.set()
-        if self.stopped.wait(EXIT_WAIT_S):
-            return
+
+    def abandon(self):
+        """From the exit handler once the thread outlived its wait: no torch call after this
+        one ends (a torch call blocks on nothing outside the process)."""
         in_time = self.torch_calls.acquire(timeout=TORCH_CALL_WAIT_S)
         self.abandoned = True
         if in_time:
             self.torch_calls.release()
-        else:
-            debug(f"exiting with the reporter in a torch call for over {TORCH_CALL_WAIT_S} s")
+        debug("exiting with the reporter's thread still running"
+              + ("" if in_time else f", in a torch call for over {TORCH_CALL_WAIT_S} s"))
 
     def in_torch(self, step):
         """`step()`, a call into torch, unless exit has abandoned the thread (then None)."""
@@ -189,6 +185,7 @@ class Reporter:
             return  # No connection to replace it on, and none is opened once exit waits.
         self.records += 1
         record = dict(self.last_record, n=self.records, exiting=True)
+        store.socket.settimeout(EXIT_WAIT_S)  # The program's exit waits for this one.
         store.set(KEY_PREFIX + str(record["rank"]), json.dumps(record, separators=(",", ":")).encode())
 
     def report(self):

@@ -113,6 +113,25 @@ elif scenario in ("slow_teardown", "exit_handler_waits"):
         atexit.register(exit_when_asked)
     else:
         exit_when_asked()
+elif scenario == "garbage_freed_by_the_reporter":
+    import gc, threading
+    main_thread, freeing = threading.get_ident(), threading.Event()
+    gc.set_threshold(1)  # Every allocation collects, on whichever thread makes it.
+
+    class Garbage:  # In a cycle, as torch's objects often are: only the collector frees it.
+        def __init__(self):
+            self.cycle = self
+
+        def __del__(self, sleep=time.sleep, ident=threading.get_ident):
+            if ident() != main_thread and not freeing.is_set():
+                freeing.set()
+                sleep(7)  # A destructor that releases the GIL, past every wait of the exit's own.
+                open(os.path.join(os.environ["MCPRUN_TEST_DIR"], "freed"), "w").close()
+
+    while not freeing.is_set():
+        Garbage()
+        time.sleep(0.3)  # Allocates nothing: the reporter's next record collects the garbage.
+    print("exiting while the reporter frees garbage", flush=True)
 elif scenario in ("busy_child", "own_store"):
     print("initialised", flush=True)
     time.sleep(600)
@@ -389,6 +408,14 @@ class ProgressReporterTest(LauncherTestCase):
         # The program ends before the reporter's thread, which looks for torch.distributed every
         # 2 s, has begun; the thread reports while the program's own exit handler runs.
         self.exit_with_the_store_stalled("exit_handler_waits", MCPRUN_PROGRESS_INTERVAL_S="2")
+
+    def test_exit_waits_for_a_destructor_the_collector_runs_on_the_reporters_thread(self):
+        # The collector runs on the thread that allocates; a torch object freed there releases
+        # the GIL in its destructor, and coming back once the interpreter finalises aborts.
+        self.start_ranks("garbage_freed_by_the_reporter", 1)
+        self.assertEqual(self.procs[0].wait(timeout=DEADLINE_S), 0, self.output(0))
+        self.assertIn("exiting while the reporter frees garbage", self.output(0))
+        self.assertTrue(os.path.exists(os.path.join(self.tmp, "freed")), self.output(0))
 
     def test_the_cpu_time_of_a_ranks_children_counts_as_its_own(self):
         self.start_ranks("busy_child", 1)

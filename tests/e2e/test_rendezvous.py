@@ -98,8 +98,8 @@ class Rendezvous(RendezvousTestCase):
         agents = [self.agent(f"node{i}", script=os.path.join(REPO, "examples/ddp_train.py"))
                   for i in range(3)]
         results = self.finish(agents, timeout=120)
-        for code, out, err in results:
-            self.assertEqual(code, 0, err)
+        logs = "\n".join(f"--- node{i} (exit {code}):\n{out}{err}" for i, (code, out, err) in enumerate(results))
+        self.assertEqual([code for code, _, _ in results], [0, 0, 0], logs)
         out = "".join(r[1] for r in results)
         for rank in range(6):
             self.assertIn(f"[rank{rank}]:rank {rank}/6 local_rank {rank % 2}: done, replicas in sync", out)
