@@ -4,6 +4,7 @@ a balanced job, a rank 0 that evaluates now and then, and short steps name nobod
 no Flight Recorder: there it names nothing."""
 import json
 import os
+import unittest
 
 from harness import TORCH2, LauncherTestCase
 
@@ -84,13 +85,17 @@ class StragglerTest(LauncherTestCase):
         self.assertEqual(self.straggler_lines(err), [])
         self.assertEqual(summary["stragglers"], [])
 
+    # torch 1.x has no Flight Recorder, so no arrivals: the slow loader above shows that nothing
+    # is named there; the tests below guard against false names, which only 2.x could make.
+    @unittest.skipUnless(TORCH2, "torch 1.x names no straggler")
     def test_a_balanced_job_names_nobody(self):
-        # Two minutes where a straggler could be named; on torch 1.13, which names none, less.
-        default_s = "120" if TORCH2 else "30"
-        self.assert_nobody_named("balanced", int(os.environ.get("STRAGGLER_BALANCED_S", default_s)))
+        # Six windows where a straggler could be named; STRAGGLER_BALANCED_S=600 for a soak.
+        self.assert_nobody_named("balanced", int(os.environ.get("STRAGGLER_BALANCED_S", "60")))
 
+    @unittest.skipUnless(TORCH2, "torch 1.x names no straggler")
     def test_rank_0_evaluating_every_50_steps_names_nobody(self):
         self.assert_nobody_named("evaluates", 3 * WINDOW_S)
 
+    @unittest.skipUnless(TORCH2, "torch 1.x names no straggler")
     def test_steps_under_20_ms_name_nobody(self):
         self.assert_nobody_named("short_steps", 2 * WINDOW_S)
