@@ -16,6 +16,8 @@ using json = nlohmann::json;
 constexpr double kMaxSeconds = 1e7;
 /// Ports, ranks and counts fit here; a larger number is a hostile or broken peer.
 constexpr int kMaxCount = 1 << 24;
+// A straggler line is under 400 bytes; the bound keeps a peer's from flooding every console.
+constexpr size_t kMaxStragglerLine = 2048;
 
 const char* kind_of(const json& value) {
   switch (value.type()) {
@@ -298,6 +300,18 @@ Parsed<RelayedNotice> parse_stall_report(const json& message) {
     fields.fail("ranks", std::string("must be an array, not ") + kind_of(*ranks));
   if (fields.error()) return Error{*fields.error()};
   return RelayedNotice{message, ""};
+}
+
+Parsed<RelayedNotice> parse_straggler(const json& message) {
+  Fields fields(message, "straggler");
+  RelayedNotice notice;
+  std::string node;
+  fields.optional("node", node).required("line", notice.what);
+  if (notice.what.size() > kMaxStragglerLine)
+    fields.fail("line", fmt::format("is {} bytes, over {}", notice.what.size(), kMaxStragglerLine));
+  if (fields.error()) return Error{*fields.error()};
+  notice.body = message;
+  return notice;
 }
 
 Parsed<JoinedMessage> parse_joined(const json& message) {

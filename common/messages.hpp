@@ -184,6 +184,8 @@ Parsed<BarrierArrival> parse_barrier_arrival(const nlohmann::json& message);
 Parsed<FailedNotice> parse_failed(const nlohmann::json& message);
 Parsed<RelayedNotice> parse_stall(const nlohmann::json& message);
 Parsed<RelayedNotice> parse_stall_report(const nlohmann::json& message);
+/// "straggler": the store host's straggler line, for every other node's console (`what`).
+Parsed<RelayedNotice> parse_straggler(const nlohmann::json& message);
 
 Parsed<JoinedMessage> parse_joined(const nlohmann::json& message);
 Parsed<AssignmentMessage> parse_assignment(const nlohmann::json& message);

@@ -21,6 +21,7 @@
 #include "common/sys.hpp"
 #include "launcher/plan/descriptor_budget.hpp"
 #include "launcher/supervise/failure_report.hpp"
+#include "launcher/supervise/output_relay.hpp"
 #include "launcher/commands/operator_command.hpp"
 #include "launcher/stall/stall_report.hpp"
 #include "launcher/store/torch_keys.hpp"
@@ -451,6 +452,8 @@ std::optional<int> Launch::join_round(int restart_count) {
       group_->request_stall(unknown);
     }
   };
+  // Only the store's host watches the records; every node's console names the straggler.
+  events.on_straggler = [](const std::string& line) { spdlog::warn("{}", printable_text(line)); };
   events.on_stall_report = [this](const nlohmann::json& message) {
     reported_nodes_.insert(message.value("node", std::string("?")));
     try {
@@ -645,10 +648,14 @@ StallHooks Launch::stall_hooks() {
     group_->request_stall(notice);
   };
   hooks.workers = [this] { return group_->status(); };
-  if (rendezvous_)
+  if (rendezvous_) {
     hooks.forward_barrier_arrival = [this](const std::string& name, int rank) {
       rendezvous_->send({{"type", "barrier"}, {"name", name}, {"rank", rank}});
     };
+    hooks.forward_straggler_line = [this](const std::string& line) {
+      rendezvous_->send({{"type", "straggler"}, {"line", line}});
+    };
+  }
   return hooks;
 }
 

@@ -227,6 +227,12 @@ void RendezvousServer::handle_job_message(const std::shared_ptr<AgentSession>& s
       broadcast(job, report.body, session->node);
     });
   }
+  if (type == "straggler") {  // The store host's line, for every other node's console.
+    return parsed_or_refused(session, parse_straggler(message), [&](RelayedNotice straggler) {
+      straggler.body["node"] = session->node;
+      broadcast(job, straggler.body, session->node);
+    });
+  }
   if (type == "barrier") {
     return parsed_or_refused(session, parse_barrier_arrival(message), [&](const BarrierArrival& arrival) {
       std::set<int>& arrived = job.barriers[arrival.name];

@@ -58,6 +58,8 @@ std::vector<Case> cases() {
        {"kind", "what"}},
       {"stall_report", parser(parse_stall_report), {{"type", "stall_report"}, {"node", "a"}, {"ranks", json::array()}},
        {"ranks"}},
+      {"straggler", parser(parse_straggler), {{"type", "straggler"}, {"node", "a"}, {"line", "straggler: rank 3"}},
+       {"line"}},
       {"joined", parser(parse_joined), {{"type", "joined"}, {"heartbeat_interval_ms", 5000}}, {}},
       {"assignment", parser(parse_assignment),
        {{"type", "assignment"}, {"group_rank", 1}, {"group_world_size", 2}, {"world_size", 4},
@@ -168,6 +170,13 @@ TEST(Messages, NumbersOutsideTheirRangeAreRefused) {
   join = cases()[0].valid;
   join["restart_count"] = -1;
   EXPECT_NE(parse_join(join).error().message.find("\"restart_count\" must be between 0"), std::string::npos);
+}
+
+TEST(Messages, AStragglerLineLongEnoughToFloodAConsoleIsRefused) {
+  EXPECT_EQ(parse_straggler({{"type", "straggler"}, {"line", "straggler: rank 1"}})->what, "straggler: rank 1");
+  auto flood = parse_straggler({{"type", "straggler"}, {"line", std::string(4096, 'x')}});
+  ASSERT_FALSE(flood);
+  EXPECT_NE(flood.error().message.find("\"line\" is 4096 bytes"), std::string::npos) << flood.error().message;
 }
 
 TEST(Messages, ParsedFieldsCarryTheirValues) {

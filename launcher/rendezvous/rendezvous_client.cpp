@@ -207,6 +207,10 @@ void RendezvousClient::watch(PeerEvents events) {
       auto parsed = parse_stall_report(message);
       if (!parsed) return ignore_malformed(parsed.error().message);
       events.on_stall_report(parsed->body);
+    } else if (type == "straggler" && events.on_straggler) {
+      auto parsed = parse_straggler(message);
+      if (!parsed) return ignore_malformed(parsed.error().message);
+      events.on_straggler(parsed->what);
     } else if (type == "barrier_done" && events.on_barrier_done) {
       auto parsed = parse_barrier_done(message);
       if (!parsed) return ignore_malformed(parsed.error().message);

@@ -56,6 +56,7 @@ struct PeerEvents {
   std::function<void(const nlohmann::json&)> on_stall;       ///< A StallNotice, at most once.
   std::function<void(const nlohmann::json&)> on_stall_report;  ///< {node, ranks[RankProgress]}.
   std::function<void(const std::string&)> on_barrier_done;   ///< Every rank reached it.
+  std::function<void(const std::string&)> on_straggler;      ///< The store host's line, as sent.
 };
 
 /// One connection to rendezvousd (or the embedded server): "HOST:PORT", or "unix:PATH" for an
