@@ -25,6 +25,7 @@
 #include "launcher/commands/operator_command.hpp"
 #include "launcher/stall/stall_report.hpp"
 #include "launcher/store/torch_keys.hpp"
+#include "rendezvousd/daemon_config.hpp"
 
 namespace mcprun {
 
@@ -259,6 +260,7 @@ int Launch::run() {
   if (auto code = prepare_supervision()) return *code;
   for (int attempt = 0, restart_count = 0;; ++attempt, ++restart_count) {
     // Every attempt of a multi-node job is a fresh round: all nodes restart together.
+    attempt_ = attempt;
     if (config_.uses_rendezvous())
       if (auto code = join_round(restart_count)) return *code;
     if (!serve_store_if_master()) return kExitFailure;
@@ -392,6 +394,7 @@ std::optional<int> Launch::prepare_supervision() {
                                   exit_code_for(worker));
     });
   }
+  if (auto code = serve_metrics()) return *code;
   // A stall: this node's ranks are diagnosed before their stacks are dumped, and every other
   // node hears of them at once, so each node's report covers the whole job.
   group_->on_stall([this](const StallNotice& notice, const std::vector<WorkerStatus>& workers) {
@@ -409,6 +412,36 @@ std::optional<int> Launch::prepare_supervision() {
     summary_.stall_ranks.insert(summary_.stall_ranks.end(), local.begin(), local.end());
   });
   return std::nullopt;
+}
+
+std::optional<int> Launch::serve_metrics() {
+  if (config_.metrics_port.empty()) return std::nullopt;
+  auto listen = parse_listen_address(config_.metrics_port);
+  if (!listen) return usage_error("--metrics-port " + listen.error().message);
+  try {
+    metrics_.emplace(io_, *listen, [this] { return render_node_metrics(node_metrics()); });
+  } catch (const boost::system::system_error& error) {
+    spdlog::error("--metrics-port {}: cannot listen there: {}", config_.metrics_port,
+                  error.code().message());
+    return kExitFailure;
+  }
+  const auto bound = metrics_->local_endpoint();  // Port 0 asked for any free one.
+  spdlog::info("metrics: http://{}/metrics", Endpoint{bound.address().to_string(), bound.port(), ""}.text());
+  return std::nullopt;
+}
+
+NodeMetrics Launch::node_metrics() const {
+  NodeMetrics metrics;
+  for (const WorkerStatus& worker : group_->status())
+    ++(worker.running ? metrics.workers_running : metrics.workers_exited);
+  metrics.restarts = attempt_;
+  if (const StragglerWatch* stragglers = watch_->straggler_watch()) {
+    metrics.arrivals = stragglers->arrivals();
+    if (const StragglerEpisode* current = stragglers->current()) metrics.straggler = current->rank;
+    metrics.stragglers_named = stragglers->episodes().size();
+  }
+  metrics.resident_bytes = resident_memory_bytes();
+  return metrics;
 }
 
 std::optional<int> Launch::join_round(int restart_count) {

@@ -19,9 +19,11 @@
 #include "launcher/process/process_control.hpp"
 #include "launcher/plan/rank_plan.hpp"
 #include "launcher/rendezvous/rendezvous_client.hpp"
+#include "launcher/report/node_metrics.hpp"
 #include "launcher/report/run_summary.hpp"
 #include "launcher/stall/stall_watch.hpp"
 #include "launcher/supervise/worker_group.hpp"
+#include "rendezvousd/metrics_http.hpp"
 #include "rendezvousd/rendezvous_server.hpp"
 
 namespace mcprun {
@@ -53,6 +55,9 @@ class Launch {
   /// One rendezvous round: join, move the plan to its place in the job, listen to the others;
   /// an exit code when this node cannot take part.
   std::optional<int> join_round(int restart_count);
+  /// --metrics-port: listens, or ends the launch with one line (in use, not an address).
+  std::optional<int> serve_metrics();
+  NodeMetrics node_metrics() const;
   /// --preflight: the check runs as every rank of the job, through the same worker group, before
   /// the first attempt; an exit code when a fault must stop the launch (docs/preflight.md).
   std::optional<int> run_preflight();
@@ -114,6 +119,9 @@ class Launch {
   std::map<int, std::string> collectives_at_end_;
   /// When each rank's interpreter began to exit, as the attempt's last progress records said.
   std::map<int, std::chrono::system_clock::time_point> exiting_at_end_;
+  int attempt_ = 0;
+  /// --metrics-port; declared last, so it is gone before the group and the watch it reads.
+  std::optional<MetricsServer> metrics_;
 };
 
 }  // namespace mcprun

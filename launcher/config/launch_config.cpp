@@ -488,6 +488,11 @@ void add_diagnosis_flags(CLI::App& app, LaunchConfig& config, FlagTexts& texts) 
       "the job runs (torch 2.x; needs the collective watchdog). off: no straggler watch")
       ->check(seconds_or_off)
       ->type_name("S|off");
+  add("metrics-port", config.metrics_port,
+      "Serve this node's metrics in Prometheus' text format at http://[ADDR:]PORT/metrics: its "
+      "workers and, on the node that serves the job store, every rank's collectives, wait time, "
+      "arrival lag and the straggler (docs/stalls.md). A bare PORT listens on 127.0.0.1")
+      ->type_name("[ADDR:]PORT");
   add("straggler-share", config.stall.stragglers.min_share,
       "A straggler arrives last at least at this share of the window's collectives")
       ->check(CLI::Range(0.5, 1.0));
@@ -653,6 +658,15 @@ Expected<void> complete_c10d_endpoint(LaunchConfig& config) {
   return {};
 }
 
+/// --metrics-port in full: a bare PORT listens on loopback, so that metrics are opt-in twice.
+Expected<void> complete_metrics_port(LaunchConfig& config) {
+  if (config.metrics_port.empty() || config.metrics_port.find(':') != std::string::npos) return {};
+  auto port = parse_port(config.metrics_port);
+  if (!port) return Error{"--metrics-port " + port.error().message};
+  config.metrics_port = "127.0.0.1:" + std::to_string(*port);
+  return {};
+}
+
 /// --topology-labels key=value,...
 Expected<void> apply_topology_labels(const std::string& text, LaunchConfig& config) {
   if (text.empty()) return {};
@@ -813,6 +827,7 @@ Expected<LaunchRequest> parse_arguments(const std::vector<std::string>& args, Jo
   if (auto done = apply_slurm(config, current_environment(), set_by_user); !done) return done.error();
   if (auto done = apply_node_counts(config); !done) return done.error();
   if (auto done = complete_c10d_endpoint(config); !done) return done.error();
+  if (auto done = complete_metrics_port(config); !done) return done.error();
   if (auto done = apply_rdzv_conf(config.rdzv_conf, config); !done) return done.error();
   if (auto done = apply_topology_labels(texts.labels, config); !done) return done.error();
   const bool static_master = endpoint_names_static_master(config);

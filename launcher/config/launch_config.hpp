@@ -61,6 +61,7 @@ struct LaunchConfig {
   bool standalone = false;
   std::string rdzv_backend = "static";
   std::string rdzv_endpoint;
+  std::string metrics_port;  ///< --metrics-port as IP:PORT (a bare PORT on 127.0.0.1); empty: off.
   std::string rdzv_id = "none";
   std::string rdzv_conf;
   double join_timeout = 120;            ///< rdzv-conf join_timeout, seconds (torchrun: 600).

@@ -83,6 +83,8 @@ class StallWatch {
   std::map<int, std::chrono::system_clock::time_point> exiting_ranks() const;
   /// Every straggler the straggler watch named in this attempt; empty where this node judges none.
   std::vector<StragglerEpisode> stragglers() const;
+  /// The straggler watch of the attempt running now; null where there is none.
+  const StragglerWatch* straggler_watch() const { return stragglers_ ? &*stragglers_ : nullptr; }
   /// How far each local worker got, as the report shows it.
   std::vector<RankProgress> diagnose(const StallNotice& notice,
                                      const std::vector<WorkerStatus>& workers) const;

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <tuple>
 
 namespace mcprun {
 namespace {
@@ -97,6 +98,16 @@ void StragglerWatch::complete(const std::string& group, const Collective& collec
   sample.last_rank = last->second;
   sample.lag_s = (static_cast<double>(last->first) - median(others)) / 1e9;
   samples_[group].push_back(sample);
+  for (const auto& [created, rank] : arrivals) {
+    RankArrivals& counts = arrivals_[rank];
+    if (auto info = ranks_.find(rank); info != ranks_.end())
+      std::tie(counts.host, counts.local_rank) = std::tie(info->second.host, info->second.local_rank);
+    ++counts.collectives;
+    counts.waited_s += static_cast<double>(last->first - created) / 1e9;
+  }
+  RankArrivals& last_counts = arrivals_[sample.last_rank];
+  ++last_counts.arrived_last;
+  last_counts.lag_s = sample.lag_s;
 }
 
 RankActivity StragglerWatch::activity(int rank) const {

@@ -35,6 +35,17 @@ struct StragglerEpisode {
   int cause_pid = 0;       ///< Its process, for the node that runs it to look at (CPU hogs).
 };
 
+/// A rank's collectives since the attempt began, as the store's host lined them up: what
+/// `--metrics-port` serves.
+struct RankArrivals {
+  std::string host;
+  int local_rank = -1;
+  uint64_t collectives = 0;  ///< Completed ones it was in (every member's arrival seen).
+  uint64_t arrived_last = 0; ///< ...at which it arrived last.
+  double waited_s = 0;       ///< Summed over them: from its arrival to the last one's.
+  double lag_s = 0;          ///< At the latest it arrived last at: behind the others' median.
+};
+
 /// Where a rank's time went over the window, from its records.
 struct RankActivity {
   double cpu_share = 0;        ///< CPU time per wall second.
@@ -57,6 +68,8 @@ class StragglerWatch {
   const StragglerEpisode* current() const { return current_ ? &episodes_.back() : nullptr; }
   /// Every straggler named in this attempt, oldest first.
   const std::vector<StragglerEpisode>& episodes() const { return episodes_; }
+  /// Every rank seen in a completed collective, by rank.
+  const std::map<int, RankArrivals>& arrivals() const { return arrivals_; }
 
  private:
   struct Sample {
@@ -94,6 +107,7 @@ class StragglerWatch {
   std::map<std::string, std::map<int, double>> steps_;          ///< group -> rank -> its step.
   std::map<int, std::deque<RankRecord>> history_;
   std::map<int, RankInfo> ranks_;
+  std::map<int, RankArrivals> arrivals_;
   std::vector<StragglerEpisode> episodes_;
   bool current_ = false;
   std::optional<Clock::time_point> last_line_;

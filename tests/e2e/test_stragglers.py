@@ -4,8 +4,10 @@ a balanced job, a rank 0 that evaluates now and then, and short steps name nobod
 no Flight Recorder: there it names nothing."""
 import json
 import os
+import re
 import socket
 import unittest
+import urllib.request
 
 from harness import TORCH2, LauncherTestCase, reserve_port, wait_for
 
@@ -105,6 +107,41 @@ class StragglerTest(LauncherTestCase):
             self.assertRegex(lines[0], r"straggler: rank 3 \(node [^,]+, local rank 1\) arrives last")
             self.assertIn("in its data loader", lines[0])
 
+    @unittest.skipUnless(TORCH2, "torch 1.x names no straggler")
+    def test_metrics_port_serves_the_straggler_and_every_ranks_wait(self):
+        env = dict(self.env, SCENARIO="slow_loader", DURATION_S=str(3 * WINDOW_S))
+        proc = self.start("-n", "3", "--straggler-window", str(WINDOW_S), "--metrics-port",
+                          "127.0.0.1:0", self.script("train.py", TRAIN), env=env)
+        url = wait_for(lambda: metrics_url(proc), 60)
+        self.assertTrue(url, "no metrics line")
+        named = wait_for(lambda: 'mcprun_straggler{rank="1",' in scrape(url), 3 * WINDOW_S + 30)
+        metrics = scrape(url)
+        _, err = proc.communicate(timeout=120)
+        self.assertEqual(proc.returncode, 0, err)
+        self.assertTrue(named, metrics)
+        self.assertIn('mcprun_workers{state="running"} 3', metrics)
+        waited = {rank: sample(metrics, "mcprun_rank_wait_seconds_total", rank) for rank in range(3)}
+        last = {rank: sample(metrics, "mcprun_rank_arrived_last_total", rank) for rank in range(3)}
+        # The straggler waits least and arrives last most; its peers wait for it.
+        self.assertEqual(min(waited, key=waited.get), 1, metrics)
+        self.assertEqual(max(last, key=last.get), 1, metrics)
+        self.assertGreater(sample(metrics, "mcprun_rank_collectives_total", 0), 20, metrics)
+
+    def test_metrics_port_in_use_is_one_line(self):
+        taken = socket.socket()
+        self.addCleanup(taken.close)
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, _, err = self.run_mcprun("-n", "1", "--metrics-port", f"127.0.0.1:{port}",
+                                       "--no-python", "/bin/true")
+        self.assertEqual(code, 1, err)
+        self.assertRegex(err, rf"mcprun: error: --metrics-port 127.0.0.1:{port}: cannot listen "
+                              r"there: [Aa]ddress already in use\n")
+        code, _, err = self.run_mcprun("-n", "1", "--metrics-port", "web", "--no-python", "/bin/true")
+        self.assertEqual(code, 2, err)
+        self.assertIn("--metrics-port", err)
+
     # torch 1.x has no Flight Recorder, so no arrivals: the slow loader above shows that nothing
     # is named there; the tests below guard against false names, which only 2.x could make.
     @unittest.skipUnless(TORCH2, "torch 1.x names no straggler")
@@ -119,6 +156,26 @@ class StragglerTest(LauncherTestCase):
     @unittest.skipUnless(TORCH2, "torch 1.x names no straggler")
     def test_steps_under_20_ms_name_nobody(self):
         self.assert_nobody_named("short_steps", 2 * WINDOW_S)
+
+
+def metrics_url(proc):
+    """The URL mcprun's info line gives, once it has written it (stderr, read line by line)."""
+    line = proc.stderr.readline()
+    found = re.search(r"metrics: (http://\S+/metrics)", line)
+    return found.group(1) if found else None
+
+
+def scrape(url):
+    try:
+        with urllib.request.urlopen(url, timeout=5) as answer:
+            return answer.read().decode()
+    except OSError:
+        return ""
+
+
+def sample(metrics, name, rank):
+    found = re.search(rf'^{name}{{rank="{rank}",[^}}]*}} (\S+)$', metrics, re.M)
+    return float(found.group(1)) if found else float("nan")
 
 
 def port_open(port):

@@ -1,0 +1,28 @@
+// What --metrics-port serves: this node's workers and, on the node that serves the job store,
+// every rank's collectives as the straggler watch lines them up, in Prometheus' text format.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "launcher/stall/straggler_watch.hpp"
+
+namespace mcprun {
+
+struct NodeMetrics {
+  int workers_running = 0;
+  int workers_exited = 0;
+  int restarts = 0;
+  /// Empty but on the store's node, or before the first collectives complete (torch 2.x only).
+  std::map<int, RankArrivals> arrivals;
+  std::optional<int> straggler;  ///< The rank named a straggler now.
+  size_t stragglers_named = 0;   ///< Named in this attempt.
+  uint64_t resident_bytes = 0;
+};
+
+/// `metrics` in the text exposition format 0.0.4, names beside rendezvousd's (mcprun_*).
+std::string render_node_metrics(const NodeMetrics& metrics);
+
+}  // namespace mcprun
