@@ -273,6 +273,8 @@ int Launch::run() {
     AttemptResult result = group_->run_attempt(restart_count, run_dir_->attempt(attempt));
     summary_.end_attempt(result, run_dir_->attempt(attempt), plan_->job.world_size);
     collectives_at_end_ = watch_->ranks_in_collectives();  // Before end_attempt forgets them.
+    if (!config_.log_dir.empty() && result.end != AttemptResult::End::kStalled)
+      draw_collectives("end of the attempt", "", {});
     exiting_at_end_ = watch_->exiting_ranks();
     watch_->end_attempt();
     summary_.set_stragglers(watch_->stragglers());
@@ -428,6 +430,23 @@ std::optional<int> Launch::serve_metrics() {
   const auto bound = metrics_->local_endpoint();  // Port 0 asked for any free one.
   spdlog::info("metrics: http://{}/metrics", Endpoint{bound.address().to_string(), bound.port(), ""}.text());
   return std::nullopt;
+}
+
+void Launch::draw_collectives(const std::string& title, const std::string& note,
+                              const std::set<int>& missing) {
+  const StragglerWatch* stragglers = watch_->straggler_watch();
+  if (!stragglers || stragglers->recent().empty()) return;  // Not the store's node, or torch 1.x.
+  PictureMarks marks{title, std::nullopt, missing, note};
+  if (const StragglerEpisode* current = stragglers->current()) marks.straggler = current->rank;
+  const auto path = run_dir_->path() / "collectives.html";
+  std::ofstream out(path);
+  out << render_collective_picture(stragglers->recent(), stragglers->arrivals(), marks);
+  if (!out.flush()) {
+    spdlog::warn("cannot write the picture of the last collectives to {}", path.string());
+    return;
+  }
+  run_dir_->keep();  // The picture is what a person opens first: it outlives the run.
+  spdlog::info("the last collectives, drawn: {}", path.string());
 }
 
 NodeMetrics Launch::node_metrics() const {
@@ -673,6 +692,9 @@ StallHooks Launch::stall_hooks() {
     // Every rank's reporter, on every node, hears it through the store and dumps its recorder.
     if (notice.kind == StallNotice::Kind::kCollective && store_)
       store_->set(kFlightRecorderDumpKey, "1");
+    if (notice.collective)
+      draw_collectives("stall", notice.what,
+                       {notice.collective->missing.begin(), notice.collective->missing.end()});
     if (rendezvous_) {
       nlohmann::json message = to_json(notice);
       message["type"] = "stall";
@@ -685,10 +707,11 @@ StallHooks Launch::stall_hooks() {
     hooks.forward_barrier_arrival = [this](const std::string& name, int rank) {
       rendezvous_->send({{"type", "barrier"}, {"name", name}, {"rank", rank}});
     };
-    hooks.forward_straggler_line = [this](const std::string& line) {
-      rendezvous_->send({{"type", "straggler"}, {"line", line}});
-    };
   }
+  hooks.on_straggler_line = [this](const std::string& line) {
+    if (rendezvous_) rendezvous_->send({{"type", "straggler"}, {"line", line}});
+    draw_collectives("straggler", line, {});
+  };
   return hooks;
 }
 

@@ -19,6 +19,7 @@
 #include "launcher/process/process_control.hpp"
 #include "launcher/plan/rank_plan.hpp"
 #include "launcher/rendezvous/rendezvous_client.hpp"
+#include "launcher/report/collective_picture.hpp"
 #include "launcher/report/node_metrics.hpp"
 #include "launcher/report/run_summary.hpp"
 #include "launcher/stall/stall_watch.hpp"
@@ -58,6 +59,8 @@ class Launch {
   /// --metrics-port: listens, or ends the launch with one line (in use, not an address).
   std::optional<int> serve_metrics();
   NodeMetrics node_metrics() const;
+  /// collectives.html in the run folder, where this node lines up the ranks' collectives.
+  void draw_collectives(const std::string& title, const std::string& note, const std::set<int>& missing);
   /// --preflight: the check runs as every rank of the job, through the same worker group, before
   /// the first attempt; an exit code when a fault must stop the launch (docs/preflight.md).
   std::optional<int> run_preflight();

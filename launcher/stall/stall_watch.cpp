@@ -202,7 +202,7 @@ void StallWatch::check_stragglers() {
       straggler && straggler->cause.starts_with("starved of CPU") && straggler->host == host_)
     if (auto hog = busiest_process_beside(straggler->cause_pid)) *line += "; busiest beside it: " + *hog;
   spdlog::warn("{}", *line);
-  if (hooks_.forward_straggler_line) hooks_.forward_straggler_line(*line);
+  if (hooks_.on_straggler_line) hooks_.on_straggler_line(*line);
 }
 
 std::map<int, std::chrono::system_clock::time_point> StallWatch::exiting_ranks() const {

@@ -47,8 +47,8 @@ struct StallHooks {
   /// Set when barriers span nodes: forwards one local arrival to the rendezvous, which answers
   /// with complete_barrier() once every rank of the job is there.
   std::function<void(const std::string& name, int rank)> forward_barrier_arrival;
-  /// Set when the job spans nodes: this node's straggler line, for every other node's console.
-  std::function<void(const std::string& line)> forward_straggler_line;
+  /// A straggler line this node printed: for every other node's console, and its picture.
+  std::function<void(const std::string& line)> on_straggler_line;
 };
 
 class StallWatch {

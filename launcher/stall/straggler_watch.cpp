@@ -72,7 +72,7 @@ void StragglerWatch::observe(const ProgressRecord& record, int64_t received_ns, 
       // A group of more than 64 ranks is sent without its members: every rank reporting it.
       const size_t expected = collective.members.empty() ? reporting.size() : collective.members.size();
       if (collective.created_ns.size() >= expected && expected > 1) {
-        complete(group, collective);
+        complete(group, arrival.seq, collective);
         open.erase(it);
       }
     }
@@ -83,7 +83,7 @@ void StragglerWatch::observe(const ProgressRecord& record, int64_t received_ns, 
   }
 }
 
-void StragglerWatch::complete(const std::string& group, const Collective& collective) {
+void StragglerWatch::complete(const std::string& group, int64_t seq, const Collective& collective) {
   std::vector<std::pair<int64_t, int>> arrivals;  // On this host's clock.
   for (const auto& [rank, created] : collective.created_ns) {
     auto offset = offset_ns_.find(rank);
@@ -108,6 +108,9 @@ void StragglerWatch::complete(const std::string& group, const Collective& collec
   RankArrivals& last_counts = arrivals_[sample.last_rank];
   ++last_counts.arrived_last;
   last_counts.lag_s = sample.lag_s;
+  recent_.push_back({group, seq, {}});
+  for (const auto& [created, rank] : arrivals) recent_.back().arrivals.emplace_back(rank, created);
+  if (recent_.size() > kRecentCollectives) recent_.pop_front();
 }
 
 RankActivity StragglerWatch::activity(int rank) const {

@@ -10,6 +10,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "launcher/config/launch_config.hpp"
@@ -46,6 +47,16 @@ struct RankArrivals {
   double lag_s = 0;          ///< At the latest it arrived last at: behind the others' median.
 };
 
+/// A collective every member arrived at, for the picture of the last ones.
+struct SeenCollective {
+  std::string group;
+  int64_t seq = 0;
+  std::vector<std::pair<int, int64_t>> arrivals;  ///< Rank, arrival ns on the store host's clock.
+};
+
+/// How many collectives the picture shows: a few hundred marks a row stay legible.
+inline constexpr size_t kRecentCollectives = 300;
+
 /// Where a rank's time went over the window, from its records.
 struct RankActivity {
   double cpu_share = 0;        ///< CPU time per wall second.
@@ -70,6 +81,8 @@ class StragglerWatch {
   const std::vector<StragglerEpisode>& episodes() const { return episodes_; }
   /// Every rank seen in a completed collective, by rank.
   const std::map<int, RankArrivals>& arrivals() const { return arrivals_; }
+  /// The last kRecentCollectives collectives every member arrived at, oldest first.
+  const std::deque<SeenCollective>& recent() const { return recent_; }
 
  private:
   struct Sample {
@@ -93,7 +106,7 @@ class StragglerWatch {
     int local_rank = -1;
     int pid = 0;
   };
-  void complete(const std::string& group, const Collective& collective);
+  void complete(const std::string& group, int64_t seq, const Collective& collective);
   std::optional<StragglerEpisode> judge(int64_t wall_ns) const;
   RankActivity activity(int rank) const;
   std::string cause_of(int rank) const;
@@ -108,6 +121,7 @@ class StragglerWatch {
   std::map<int, std::deque<RankRecord>> history_;
   std::map<int, RankInfo> ranks_;
   std::map<int, RankArrivals> arrivals_;
+  std::deque<SeenCollective> recent_;
   std::vector<StragglerEpisode> episodes_;
   bool current_ = false;
   std::optional<Clock::time_point> last_line_;

@@ -2,12 +2,14 @@
 scripts: a rank that holds the others back is named while the job runs, with where its time goes;
 a balanced job, a rank 0 that evaluates now and then, and short steps name nobody. torch 1.13 has
 no Flight Recorder: there it names nothing."""
+import glob
 import json
 import os
 import re
 import socket
 import unittest
 import urllib.request
+from xml.etree import ElementTree
 
 from harness import TORCH2, LauncherTestCase, reserve_port, wait_for
 
@@ -52,12 +54,12 @@ print(f"rank {rank} done", flush=True)
 '''
 
 class StragglerTest(LauncherTestCase):
-    def launch(self, scenario, duration_s, nproc=3):
+    def launch(self, scenario, duration_s, *flags, nproc=3):
         """Runs the job; returns (code, stderr, summary)."""
         summary_path = os.path.join(self.tmp, "summary.json")
         env = dict(self.env, SCENARIO=scenario, DURATION_S=str(duration_s))
         proc = self.start("-n", str(nproc), "--straggler-window", str(WINDOW_S), "--summary-json",
-                          summary_path, self.script("train.py", TRAIN), env=env)
+                          summary_path, *flags, self.script("train.py", TRAIN), env=env)
         _, err = proc.communicate(timeout=duration_s + 120)
         with open(summary_path) as f:
             return proc.returncode, err, json.load(f)
@@ -66,7 +68,8 @@ class StragglerTest(LauncherTestCase):
         return [line for line in err.splitlines() if "straggler" in line]
 
     def test_a_rank_with_a_slower_data_loader_is_named_with_its_loader(self):
-        code, err, summary = self.launch("slow_loader", 3 * WINDOW_S)
+        logs = os.path.join(self.tmp, "logs")
+        code, err, summary = self.launch("slow_loader", 3 * WINDOW_S, "--log-dir", logs)
         self.assertEqual(code, 0, err)
         lines = self.straggler_lines(err)
         if not TORCH2:
@@ -81,6 +84,29 @@ class StragglerTest(LauncherTestCase):
         self.assertEqual((straggler["rank"], straggler["local_rank"]), (1, 1))
         self.assertGreater(straggler["median_lag_s"], 0.04)
         self.assertIn("data loader", straggler["cause"])
+        self.assert_picture_marks_the_straggler(logs, 1, 3)
+
+    def assert_picture_marks_the_straggler(self, logs, straggler, world):
+        """collectives.html in the run folder: a row per rank, the straggler's marked, most
+        collectives' last arrival on its row, and nothing loaded from anywhere."""
+        [path] = glob.glob(os.path.join(logs, "*", "collectives.html"))
+        with open(path) as f:
+            text = f.read()
+        for fetch in ("<script", "src=", "href=", "url(", "@import", "<link"):
+            self.assertNotIn(fetch, text)
+        self.assertEqual(re.findall(r"https?://[^\s\"]+", text), ["http://www.w3.org/2000/svg"])
+        svg = ElementTree.fromstring(text).find(".//{http://www.w3.org/2000/svg}svg")
+        rects = svg.findall("{http://www.w3.org/2000/svg}rect")
+        rows = {int(r.get("data-rank")): r for r in rects if r.get("class") == "row"}
+        self.assertEqual(sorted(rows), list(range(world)))
+        labels = [t.text for t in svg.findall("{http://www.w3.org/2000/svg}text")]
+        self.assertTrue(any(label.startswith(f"rank {straggler} (") and label.endswith(": straggler")
+                            for label in labels), labels)
+        band = float(rows[straggler].get("y")), float(rows[straggler].get("y")) + float(rows[straggler].get("height"))
+        lasts = [float(r.get("y")) for r in rects if r.get("class") == "last"]
+        self.assertGreater(len(lasts), 20)
+        on_its_row = sum(band[0] <= y < band[1] for y in lasts)
+        self.assertGreater(on_its_row, 0.6 * len(lasts), (on_its_row, len(lasts)))
 
     def assert_nobody_named(self, scenario, duration_s):
         code, err, summary = self.launch(scenario, duration_s)

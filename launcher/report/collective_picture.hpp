@@ -1,0 +1,29 @@
+// A picture of the last collectives: one row per rank, a mark at each arrival, the last arrival
+// of each collective in red, the straggler's row or the ranks missing from a stall marked. One
+// self-contained HTML file (SVG inside; no script, font or image fetched from anywhere).
+#pragma once
+
+#include <deque>
+#include <optional>
+#include <set>
+#include <string>
+
+#include "launcher/stall/straggler_watch.hpp"
+
+namespace mcprun {
+
+/// Rows past this are left out (the straggler's and the missing ranks' are kept first).
+inline constexpr size_t kMaxPictureRows = 64;
+
+struct PictureMarks {
+  std::string title;               ///< Why it was drawn: "straggler named", "stall", "end of the job".
+  std::optional<int> straggler;    ///< Its row is marked.
+  std::set<int> missing;           ///< A stalled collective's missing ranks: their rows are marked.
+  std::string note;                ///< One line under the title (the straggler or stall line).
+};
+
+std::string render_collective_picture(const std::deque<SeenCollective>& recent,
+                                      const std::map<int, RankArrivals>& ranks,
+                                      const PictureMarks& marks);
+
+}  // namespace mcprun
