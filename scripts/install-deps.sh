@@ -15,6 +15,7 @@ packages=(
   clang-14 libclang-rt-14-dev  # scripts/fuzz.sh: libFuzzer with ASan and UBSan
   slurm-wlm slurmctld slurmd slurm-client munge  # tests/e2e/test_slurm.py: a real controller and two nodes
   ccache                 # the wheel's build reuses the gcc build's objects (tests/e2e/test_wheel.py)
+  chromium               # tests/e2e/test_stragglers.py: the picture of the last collectives, opened as a person would
 )
 missing=()
 for package in "${packages[@]}"; do

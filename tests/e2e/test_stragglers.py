@@ -7,7 +7,10 @@ import json
 import os
 import re
 import socket
+import struct
+import subprocess
 import unittest
+import zlib
 import urllib.request
 from xml.etree import ElementTree
 
@@ -107,6 +110,19 @@ class StragglerTest(LauncherTestCase):
         self.assertGreater(len(lasts), 20)
         on_its_row = sum(band[0] <= y < band[1] for y in lasts)
         self.assertGreater(on_its_row, 0.6 * len(lasts), (on_its_row, len(lasts)))
+        self.assert_chromium_shows_it(path)
+
+    def assert_chromium_shows_it(self, path):
+        """As a person opens it: headless Chromium, offline, draws the straggler's band and the
+        red marks of last arrivals."""
+        shot = os.path.join(self.tmp, "shot.png")
+        subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                        "--window-size=1300,400", "--user-data-dir=" + os.path.join(self.tmp, "chromium"),
+                        "--proxy-server=127.0.0.1:9", f"--screenshot={shot}", "file://" + path],
+                       capture_output=True, timeout=120, check=True)
+        colours = png_colours(shot)
+        self.assertIn((0xff, 0xe0, 0xb2), colours)  # The straggler's row.
+        self.assertIn((0xd3, 0x2f, 0x2f), colours)  # Last arrivals.
 
     def assert_nobody_named(self, scenario, duration_s):
         code, err, summary = self.launch(scenario, duration_s)
@@ -182,6 +198,46 @@ class StragglerTest(LauncherTestCase):
     @unittest.skipUnless(TORCH2, "torch 1.x names no straggler")
     def test_steps_under_20_ms_name_nobody(self):
         self.assert_nobody_named("short_steps", 2 * WINDOW_S)
+
+
+def png_colours(path):
+    """The set of (r, g, b) in a non-interlaced 8-bit RGB or RGBA PNG, as Chromium writes them."""
+    with open(path, "rb") as f:
+        data = f.read()
+    position, chunks, header = 8, [], None
+    while position < len(data):
+        length, kind = struct.unpack(">I4s", data[position:position + 8])
+        body = data[position + 8:position + 8 + length]
+        if kind == b"IHDR":
+            header = struct.unpack(">IIBBBBB", body)
+        elif kind == b"IDAT":
+            chunks.append(body)
+        position += 12 + length
+    width, height, depth, colour_type, _, _, interlace = header
+    assert depth == 8 and colour_type in (2, 6) and not interlace, header
+    channels = 3 if colour_type == 2 else 4
+    raw, stride = zlib.decompress(b"".join(chunks)), width * channels
+    previous, colours = bytearray(stride), set()
+    for row in range(height):
+        kind = raw[row * (stride + 1)]
+        line = bytearray(raw[row * (stride + 1) + 1:(row + 1) * (stride + 1)])
+        for i in range(stride):
+            left = line[i - channels] if i >= channels else 0
+            up, up_left = previous[i], previous[i - channels] if i >= channels else 0
+            if kind == 1:
+                line[i] = (line[i] + left) & 0xFF
+            elif kind == 2:
+                line[i] = (line[i] + up) & 0xFF
+            elif kind == 3:
+                line[i] = (line[i] + (left + up) // 2) & 0xFF
+            elif kind == 4:
+                guess = left + up - up_left
+                nearest = min((abs(guess - left), 0, left), (abs(guess - up), 1, up),
+                              (abs(guess - up_left), 2, up_left))[2]
+                line[i] = (line[i] + nearest) & 0xFF
+        colours.update(tuple(line[i:i + 3]) for i in range(0, stride, channels))
+        previous = line
+    return colours
 
 
 def metrics_url(proc):
