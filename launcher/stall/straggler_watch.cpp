@@ -1,6 +1,7 @@
 #include "launcher/stall/straggler_watch.hpp"
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <tuple>
@@ -166,24 +167,42 @@ std::optional<StragglerEpisode> StragglerWatch::judge(int64_t wall_ns) const {
   if (static_cast<double>(wall_ns - samples->front().last_created_ns) / 1e9 < settings_.window_s / 2)
     return std::nullopt;
 
-  std::map<int, std::vector<double>> lags;
-  for (const Sample& sample : *samples) lags[sample.last_rank].push_back(sample.lag_s);
-  const auto most = std::max_element(lags.begin(), lags.end(), [](const auto& a, const auto& b) {
-    return a.second.size() < b.second.size();
-  });
   StragglerEpisode episode;
-  episode.rank = most->first;
   episode.group = *group;
-  episode.collectives = static_cast<int>(samples->size());
-  episode.share = static_cast<double>(most->second.size()) / static_cast<double>(samples->size());
-  episode.median_lag_s = median(most->second);
   if (auto steps = steps_.find(*group); steps != steps_.end()) {
     std::vector<double> each;
     for (const auto& [rank, step] : steps->second) each.push_back(step);
     episode.step_s = median(std::move(each));
   }
-  if (episode.share < settings_.min_share || episode.median_lag_s < settings_.min_lag_s ||
-      (episode.step_s > 0 && episode.median_lag_s < settings_.min_step_share * episode.step_s))
+  // A collective the last rank reached this far behind the others held them back; less is noise.
+  const double floor = std::max(settings_.min_lag_s, settings_.min_step_share * episode.step_s);
+  std::map<int, std::vector<double>> late;  // Rank -> its lags where it held the others back.
+  size_t late_total = 0;
+  for (const Sample& sample : *samples)
+    if (sample.lag_s >= floor) {
+      late[sample.last_rank].push_back(sample.lag_s);
+      ++late_total;
+    }
+  if (late.empty()) return std::nullopt;
+  const auto most = std::max_element(late.begin(), late.end(), [](const auto& a, const auto& b) {
+    return a.second.size() < b.second.size();
+  });
+  // A step holds several collectives (DDP's buckets, the loop's own), and a slow rank holds the
+  // others back at the first it reaches after its slow part only: count steps, not collectives.
+  const double span_s = static_cast<double>(samples->back().last_created_ns - samples->front().last_created_ns) / 1e9;
+  const double steps = episode.step_s > 0 ? std::max(1.0, span_s / episode.step_s)
+                                          : static_cast<double>(samples->size());
+  episode.rank = most->first;
+  episode.collectives = static_cast<int>(most->second.size());
+  episode.share = std::min(1.0, static_cast<double>(most->second.size()) / steps);
+  episode.median_lag_s = median(most->second);
+  spdlog::debug("straggler watch: group {}, {} collectives over {:.1f} s, step {:.3f} s, floor {:.3f} s: "
+                "rank {} held the others back at {} ({:.0f}% of the steps), all ranks at {}",
+                *group, samples->size(), span_s, episode.step_s, floor, episode.rank,
+                most->second.size(), 100 * episode.share, late_total);
+  // ...and it is the one: the others hold nobody back as often.
+  if (episode.share < settings_.min_share ||
+      static_cast<double>(most->second.size()) < settings_.min_share * static_cast<double>(late_total))
     return std::nullopt;
   if (auto info = ranks_.find(episode.rank); info != ranks_.end()) {
     episode.host = info->second.host;
@@ -199,11 +218,11 @@ std::string StragglerWatch::describe(const StragglerEpisode& episode, bool chang
   if (episode.local_rank >= 0)
     where += fmt::format("{}local rank {}", where.empty() ? "" : ", ", episode.local_rank);
   std::string text = fmt::format(
-      "straggler{}: rank {}{} arrives last at {} of the collectives on group {}, {} behind the "
+      "straggler{}: rank {}{} arrives last at {} of the {} on group {}, {} behind the "
       "others (median of {}, over {:.0f} s)",
       changed ? " now" : "", episode.rank, where.empty() ? "" : " (" + where + ")",
-      percent(episode.share), episode.group, duration(episode.median_lag_s), episode.collectives,
-      settings_.window_s);
+      percent(episode.share), episode.step_s > 0 ? "steps" : "collectives", episode.group,
+      duration(episode.median_lag_s), episode.collectives, settings_.window_s);
   if (episode.step_s > 0)
     text += fmt::format("; the step takes {}, so {} of it is spent waiting for rank {}",
                         duration(episode.step_s),

@@ -28,9 +28,10 @@ struct StragglerEpisode {
   int local_rank = -1;
   std::string group;
   std::chrono::system_clock::time_point first_seen, last_seen;
-  double share = 0;        ///< Of the window's collectives it arrived last at.
+  double share = 0;        ///< Of the window's steps at which it held the others back (arrived
+                           ///< last, by the lag floor or more); of its collectives if no step shows.
   double median_lag_s = 0; ///< Behind the median of the others, where it was last.
-  int collectives = 0;     ///< In the window it was judged on.
+  int collectives = 0;     ///< At which it held the others back, in the window.
   double step_s = 0;       ///< The job's step, from the period of its collectives.
   std::string cause;       ///< Where its time goes, in words.
   int cause_pid = 0;       ///< Its process, for the node that runs it to look at (CPU hogs).

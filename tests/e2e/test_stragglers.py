@@ -81,7 +81,7 @@ class StragglerTest(LauncherTestCase):
             return
         self.assertTrue(lines, err)
         self.assertRegex(lines[0], r"straggler: rank 1 \(node [^,]+, local rank 1\) arrives last at "
-                                   r"\d+% of the collectives on group 0, \d+ ms behind the others")
+                                   r"\d+% of the steps on group 0, \d+ ms behind the others")
         self.assertIn("in its data loader", lines[0])
         straggler = summary["stragglers"][0]
         self.assertEqual((straggler["rank"], straggler["local_rank"]), (1, 1))
