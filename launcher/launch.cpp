@@ -818,9 +818,10 @@ void Launch::say_stragglers_before_the_end() const {
   // A crawl before a failure or a stall is often its first sign: the report says it was seen.
   for (const StragglerEpisode& straggler : watch_->stragglers())
     spdlog::warn("before the end, rank {} was named a straggler ({} to {}): last at {:.0f}% of "
-                 "the collectives on group {}, {:.0f} ms behind; {}",
+                 "the {} on group {}, {:.0f} ms behind; {}",
                  straggler.rank, utc_timestamp(straggler.first_seen), utc_timestamp(straggler.last_seen),
-                 100 * straggler.share, straggler.group, 1000 * straggler.median_lag_s, straggler.cause);
+                 100 * straggler.share, straggler.step_s > 0 ? "steps" : "collectives", straggler.group,
+                 1000 * straggler.median_lag_s, straggler.cause);
 }
 
 HintJob Launch::hint_job(const std::map<int, int>& pids) const {
