@@ -28,6 +28,15 @@ def wait_for(condition, timeout, interval=0.02):
         time.sleep(interval)
 
 
+def port_open(port):
+    """Something listens on the loopback `port` (a server that came up)."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
 def reserve_port(test):
     """A loopback port held until `test` ends, as mcprun reserves its own: bound with SO_REUSEADDR
     and never listened on, so no bind(0) is handed it and a connect is refused, while a server

@@ -13,7 +13,7 @@ import time
 import unittest
 
 from fake_sysfs import make_tree
-from harness import MCPRUN, PYTHON, REPO, LauncherTestCase, alive, reserve_port, wait_for
+from harness import MCPRUN, PYTHON, REPO, LauncherTestCase, alive, port_open, reserve_port, wait_for
 
 RENDEZVOUSD = os.environ.get("RENDEZVOUSD", os.path.join(os.path.dirname(MCPRUN), "../rendezvousd/rendezvousd"))
 
@@ -198,19 +198,11 @@ class Rendezvous(RendezvousTestCase):
         self.endpoint = f"127.0.0.1:{port}"
         # The node at the endpoint hosts it; the others arrive a moment later as its clients.
         host = self.agent("n0", extra_env={"BEHAVIOUR_0": "sleep 1"})
-        self.assertTrue(wait_for(lambda: host.poll() is not None or self.port_open(port), 10))
+        self.assertTrue(wait_for(lambda: host.poll() is not None or port_open(port), 10))
         others = [self.agent(f"n{i}", "--rdzv-conf", "is_host=false") for i in (1, 2)]
         for code, _, err in self.finish([host, *others]):
             self.assertEqual(code, 0, err)
         self.assertEqual(sorted(self.ranks()), list(range(6)))
-
-    @staticmethod
-    def port_open(port):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return True
-        except OSError:
-            return False
 
     def test_token_is_required_when_the_daemon_has_one(self):
         token_file = self.script("token", "s3cret-token\n")
@@ -320,7 +312,7 @@ class Rendezvous(RendezvousTestCase):
         port = reserve_port(self)
         self.endpoint = f"127.0.0.1:{port}"
         host = self.agent("n0", "--max-restarts", "1", nnodes="2", nproc="1", extra_env=self.FINISH_OR_FAIL)
-        self.assertTrue(wait_for(lambda: host.poll() is not None or self.port_open(port), 10))
+        self.assertTrue(wait_for(lambda: host.poll() is not None or port_open(port), 10))
         failing = self.agent("n1", "--max-restarts", "1", "--rdzv-conf", "is_host=false", nnodes="2",
                              nproc="1", extra_env=self.FINISH_OR_FAIL)
         self.assertEqual((self.agent_pid(0), self.agent_pid(1)), (host.pid, failing.pid))

@@ -14,7 +14,7 @@ import zlib
 import urllib.request
 from xml.etree import ElementTree
 
-from harness import TORCH2, LauncherTestCase, reserve_port, wait_for
+from harness import TORCH2, LauncherTestCase, port_open, reserve_port, wait_for
 
 WINDOW_S = 10
 
@@ -258,11 +258,3 @@ def scrape(url):
 def sample(metrics, name, rank):
     found = re.search(rf'^{name}{{rank="{rank}",[^}}]*}} (\S+)$', metrics, re.M)
     return float(found.group(1)) if found else float("nan")
-
-
-def port_open(port):
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        return True
-    except OSError:
-        return False
