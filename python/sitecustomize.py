@@ -88,7 +88,9 @@ class _ExitHandoff:
             self.exiting = True
             reporter = self.reporter
         if reporter is None:
-            return  # The thread never makes a torch call, nor frees the program's objects.
+            # Not yet reporting: it idles in a sleep that waiting for would add to every exit of a
+            # program that never imports torch.distributed.
+            return
         reporter.request_stop()
         if self.thread_ended is None or not self.thread_ended(_THREAD_END_WAIT_S):
             reporter.abandon()
