@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <functional>
 #include <random>
 
@@ -116,6 +117,17 @@ TEST(StragglerWatch, ARankLateAtTheFirstOfEachStepsCollectivesIsNamed) {
   ASSERT_FALSE(job.lines.empty());
   EXPECT_NE(job.lines[0].find("straggler: rank 1 (node node-a, local rank 1) arrives last at 100% of the steps"),
             std::string::npos) << job.lines[0];
+}
+
+TEST(StragglerWatch, TheRecentCollectivesOfAManyRankJobKeepThePicturesRowsAndTheLastArrival) {
+  Job job;
+  job.ranks = 100;
+  job.delay = [](int rank, int64_t) { return rank == 90 ? 0.2 : 0.0; };
+  job.run(5);
+  ASSERT_FALSE(job.watch.recent().empty());
+  const auto& arrivals = job.watch.recent().back().arrivals;
+  EXPECT_EQ(arrivals.size(), kMaxPictureRows + 1);
+  EXPECT_TRUE(std::any_of(arrivals.begin(), arrivals.end(), [](const auto& a) { return a.first == 90; }));
 }
 
 TEST(StragglerWatch, ABalancedJobWithNoiseNamesNobody) {

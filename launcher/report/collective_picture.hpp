@@ -12,9 +12,7 @@
 
 namespace mcprun {
 
-/// Rows past this are left out (the straggler's and the missing ranks' are kept first).
-inline constexpr size_t kMaxPictureRows = 64;
-
+/// At most kMaxPictureRows rows: the straggler's and the missing ranks' first, then the lowest.
 struct PictureMarks {
   std::string title;               ///< Why it was drawn: "straggler named", "stall", "end of the job".
   std::optional<int> straggler;    ///< Its row is marked.

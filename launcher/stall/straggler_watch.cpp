@@ -110,7 +110,9 @@ void StragglerWatch::complete(const std::string& group, int64_t seq, const Colle
   ++last_counts.arrived_last;
   last_counts.lag_s = sample.lag_s;
   recent_.push_back({group, seq, {}});
-  for (const auto& [created, rank] : arrivals) recent_.back().arrivals.emplace_back(rank, created);
+  for (const auto& [created, rank] : arrivals)
+    if (static_cast<size_t>(rank) < kMaxPictureRows || rank == sample.last_rank)
+      recent_.back().arrivals.emplace_back(rank, created);
   if (recent_.size() > kRecentCollectives) recent_.pop_front();
 }
 

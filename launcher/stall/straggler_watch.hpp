@@ -57,6 +57,9 @@ struct SeenCollective {
 
 /// How many collectives the picture shows: a few hundred marks a row stay legible.
 inline constexpr size_t kRecentCollectives = 300;
+/// Rows the picture draws at most; the recent collectives keep the arrivals of ranks below this
+/// and each one's last arrival, so that 16,384 ranks cost 65 arrivals a collective, not 16,384.
+inline constexpr size_t kMaxPictureRows = 64;
 
 /// Where a rank's time went over the window, from its records.
 struct RankActivity {
@@ -82,7 +85,8 @@ class StragglerWatch {
   const std::vector<StragglerEpisode>& episodes() const { return episodes_; }
   /// Every rank seen in a completed collective, by rank.
   const std::map<int, RankArrivals>& arrivals() const { return arrivals_; }
-  /// The last kRecentCollectives collectives every member arrived at, oldest first.
+  /// The last kRecentCollectives collectives every member arrived at, oldest first (the
+  /// arrivals of ranks under kMaxPictureRows and the last one).
   const std::deque<SeenCollective>& recent() const { return recent_; }
 
  private:
