@@ -278,6 +278,7 @@ int Launch::run() {
     exiting_at_end_ = watch_->exiting_ranks();
     watch_->end_attempt();
     summary_.set_stragglers(watch_->stragglers());
+    summary_.set_slow_collectives(watch_->slow_collectives());
     if (auto code = conclude(result, attempt, restart_count)) return *code;
   }
 }
@@ -458,6 +459,8 @@ NodeMetrics Launch::node_metrics() const {
     metrics.arrivals = stragglers->arrivals();
     if (const StragglerEpisode* current = stragglers->current()) metrics.straggler = current->rank;
     metrics.stragglers_named = stragglers->episodes().size();
+    metrics.bandwidth = stragglers->bandwidth().figures();
+    metrics.slow_collectives_named = stragglers->bandwidth().episodes().size();
   }
   metrics.resident_bytes = resident_memory_bytes();
   return metrics;
@@ -592,6 +595,10 @@ std::optional<int> Launch::run_preflight() {
   std::fputs(report.value("text", std::string()).c_str(), stderr);
   report.erase("text");
   const bool ok = report.value("ok", false);
+  // Its largest all-reduce: the floor under which the bandwidth watch calls one slow.
+  if (const auto sizes = report.find("all_reduce"); sizes != report.end() && sizes->is_array() &&
+                                                     !sizes->empty() && report.value("floor_busbw", 0.0) > 0)
+    watch_->set_bandwidth_floor(sizes->back().value("bytes", int64_t{0}), report.value("floor_busbw", 0.0));
   summary_.set_preflight(std::move(report));
   if (ok) return std::nullopt;
   if (config_.preflight == LaunchConfig::Preflight::kWarn) {
@@ -822,6 +829,11 @@ void Launch::say_stragglers_before_the_end() const {
                  straggler.rank, utc_timestamp(straggler.first_seen), utc_timestamp(straggler.last_seen),
                  100 * straggler.share, straggler.step_s > 0 ? "steps" : "collectives", straggler.group,
                  1000 * straggler.median_lag_s, straggler.cause);
+  for (const SlowCollective& slow : watch_->slow_collectives())
+    spdlog::warn("before the end, {} of {} on group {} was named slow ({} to {}): {:.3g} GB/s, "
+                 "{:.3g} GB/s before",
+                 slow.op, slow.size, slow.group, utc_timestamp(slow.first_seen),
+                 utc_timestamp(slow.last_seen), slow.busbw_now / 1e9, slow.busbw_before / 1e9);
 }
 
 HintJob Launch::hint_job(const std::map<int, int>& pids) const {

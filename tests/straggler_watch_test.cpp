@@ -18,6 +18,9 @@ struct Job {
   int ranks = 3;
   double step_s = 1.0;
   int64_t elements = 65;
+  int64_t bytes = int64_t{4} << 20;  ///< Of each collective, for its bus bandwidth.
+  /// Per collective: from the last arrival to done, s.
+  std::function<double(int64_t seq)> transfer_s = [](int64_t) { return 0.01; };
   StragglerSettings settings{.window_s = 20};
   StragglerWatch watch{settings};
   Clock::time_point now{};
@@ -59,11 +62,21 @@ struct Job {
       const int steps = std::max(1, static_cast<int>(1.0 / step_s));
       for (int step = 0; step < steps; ++step) {
         const int64_t start_ns = wall_ns + static_cast<int64_t>(step * step_s * kSecond);
-        for (int collective = 0; collective < collectives_per_step; ++collective, ++seq)
-          for (int rank = 0; rank < ranks; ++rank)
-            records_now[rank].arrivals["0"].arrivals.push_back(
-                {seq, start_ns + static_cast<int64_t>(delay(rank, seq) * kSecond) + clock_offset(rank),
-                 elements + collective});
+        for (int collective = 0; collective < collectives_per_step; ++collective, ++seq) {
+          double last_delay = 0;
+          for (int rank = 0; rank < ranks; ++rank) last_delay = std::max(last_delay, delay(rank, seq));
+          const int64_t done_ns = start_ns + static_cast<int64_t>((last_delay + transfer_s(seq)) * kSecond);
+          for (int rank = 0; rank < ranks; ++rank) {
+            GroupArrivals::Arrival arrival;
+            arrival.seq = seq;
+            arrival.created_ns = start_ns + static_cast<int64_t>(delay(rank, seq) * kSecond) + clock_offset(rank);
+            arrival.elements = elements + collective;
+            arrival.done_ns = done_ns + clock_offset(rank);
+            arrival.bytes = bytes;
+            arrival.op = "all_reduce";
+            records_now[rank].arrivals["0"].arrivals.push_back(arrival);
+          }
+        }
       }
       wall_ns += kSecond;
       now += std::chrono::seconds(1);
@@ -74,6 +87,7 @@ struct Job {
       const std::chrono::system_clock::time_point wall{
           std::chrono::duration_cast<std::chrono::system_clock::duration>(std::chrono::nanoseconds(wall_ns))};
       if (auto line = watch.check(now, wall)) lines.push_back(*line);
+      if (auto line = watch.bandwidth().check(now, wall)) lines.push_back(*line);
     }
   }
 };
@@ -226,6 +240,81 @@ TEST(StragglerWatch, ALagThatDoublesIsOneMoreLine) {
   ASSERT_EQ(job.lines.size(), 2u);
   EXPECT_NE(job.lines[1].find("straggler now: rank 1 "), std::string::npos) << job.lines[1];
   EXPECT_NE(job.lines[1].find("300 ms behind"), std::string::npos) << job.lines[1];
+}
+
+TEST(BandwidthWatch, BusFactorsAreNcclTests) {
+  EXPECT_DOUBLE_EQ(bus_factor("all_reduce", 4), 1.5);
+  EXPECT_DOUBLE_EQ(bus_factor("_allgather_base", 4), 0.75);
+  EXPECT_DOUBLE_EQ(bus_factor("reduce_scatter_tensor_coalesced", 4), 0.75);
+  EXPECT_DOUBLE_EQ(bus_factor("all_to_all", 4), 0.75);
+  EXPECT_DOUBLE_EQ(bus_factor("broadcast", 4), 1);
+  EXPECT_DOUBLE_EQ(bus_factor("reduce", 4), 1);
+  EXPECT_DOUBLE_EQ(bus_factor("barrier", 4), 0);
+  EXPECT_DOUBLE_EQ(bus_factor("all_reduce", 1), 0);
+  EXPECT_EQ(size_bucket(1000), -1);
+  EXPECT_EQ(size_bucket_label(size_bucket(int64_t{4} << 20)), "4 MiB-16 MiB");
+  EXPECT_EQ(size_bucket_label(size_bucket(int64_t{100} << 10)), "64 KiB-256 KiB");
+}
+
+TEST(BandwidthWatch, AnAllReduceThatSlowsDownIsNamedWithItsBandwidthBeforeAndNow) {
+  Job job;
+  job.transfer_s = [](int64_t seq) { return seq < 30 ? 0.01 : 0.5; };
+  job.run(60);
+  ASSERT_EQ(job.lines.size(), 1u) << job.lines[0];
+  const std::string& line = job.lines[0];
+  // 4 MiB among 3 ranks, 2(n-1)/n: 5.59 MB a collective, in 10 ms then 500 ms; named as soon as
+  // the window's slow ones outweigh its fast ones.
+  EXPECT_NE(line.find("slow collective: all_reduce of 4 MiB-16 MiB on group 0 (ranks 0-2) runs at 0.0"),
+            std::string::npos) << line;
+  EXPECT_NE(line.find("GB/s bus bandwidth, under 50% of the 0.559 GB/s it ran at earlier in this job; "
+                      "one takes 500 ms (the median)"),
+            std::string::npos) << line;
+  EXPECT_GT(job.watch.bandwidth().episodes()[0].busbw_now, 5.59e6 / 0.5);
+  ASSERT_EQ(job.watch.bandwidth().episodes().size(), 1u);
+  EXPECT_EQ(job.watch.bandwidth().episodes()[0].ranks, (std::vector<int>{0, 1, 2}));
+  EXPECT_TRUE(job.watch.episodes().empty()) << "a slow link names no straggler";
+}
+
+TEST(BandwidthWatch, ItsEndIsSaidOnce) {
+  Job job;
+  job.transfer_s = [](int64_t seq) { return seq >= 30 && seq < 60 ? 0.5 : 0.01; };
+  job.run(120);
+  ASSERT_EQ(job.lines.size(), 2u);
+  EXPECT_EQ(job.lines[1], "slow collective gone: all_reduce of 4 MiB-16 MiB on group 0 runs at over 50% of its best again");
+}
+
+TEST(BandwidthWatch, ARankThatArrivesLateMakesNoCollectiveSlow) {
+  // Its peers wait for it in the collective; the transfer itself takes as long as ever.
+  Job job;
+  job.delay = [](int rank, int64_t seq) { return rank == 1 && seq >= 20 ? 0.4 : 0.0; };
+  job.run(60);
+  for (const std::string& line : job.lines) EXPECT_EQ(line.find("slow collective"), std::string::npos) << line;
+  EXPECT_TRUE(job.watch.bandwidth().episodes().empty());
+}
+
+TEST(BandwidthWatch, AFastCollectivesJitterNamesNothing) {
+  // Five times slower, but 5 ms a collective: under --slow-collective-min-time.
+  Job job;
+  job.transfer_s = [](int64_t seq) { return seq < 30 ? 0.001 : 0.005; };
+  job.run(60);
+  EXPECT_TRUE(job.lines.empty()) << job.lines[0];
+}
+
+TEST(BandwidthWatch, UnderPreflightsFloorFromTheStartIsSlow) {
+  Job job;
+  job.watch.bandwidth().set_floor(int64_t{1} << 20, 2e9);
+  job.transfer_s = [](int64_t) { return 0.2; };
+  job.run(30);
+  ASSERT_EQ(job.lines.size(), 1u);
+  EXPECT_NE(job.lines[0].find("under 50% of the 2 GB/s that --preflight measured"), std::string::npos) << job.lines[0];
+  EXPECT_TRUE(job.watch.bandwidth().episodes()[0].before_is_preflight);
+}
+
+TEST(BandwidthWatch, SmallCollectivesAndUnknownOpsAreNotTimed) {
+  Job job;
+  job.bytes = 4096;
+  job.run(10);
+  EXPECT_TRUE(job.watch.bandwidth().figures().empty());
 }
 
 }  // namespace

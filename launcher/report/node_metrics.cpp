@@ -71,6 +71,21 @@ std::string render_node_metrics(const NodeMetrics& metrics) {
   }
   family("mcprun_stragglers_named_total", "counter", "Stragglers named in this attempt.");
   sample("mcprun_stragglers_named_total", "", metrics.stragglers_named);
+  family("mcprun_collective_bus_bandwidth_bytes_per_second", "gauge",
+         "Bus bandwidth (nccl-tests' busbw) of the collectives of a group, op and size over the "
+         "straggler window, from their completions (torch 2.x, on the store's node).");
+  for (const BandwidthFigure& figure : metrics.bandwidth)
+    sample("mcprun_collective_bus_bandwidth_bytes_per_second",
+           fmt::format(R"(group="{}",op="{}",size="{}")", escaped(figure.group), escaped(figure.op), figure.size),
+           std::round(figure.busbw));
+  family("mcprun_collectives_timed_total", "counter",
+         "Collectives of a group, op and size whose time the bandwidth figure counts.");
+  for (const BandwidthFigure& figure : metrics.bandwidth)
+    sample("mcprun_collectives_timed_total",
+           fmt::format(R"(group="{}",op="{}",size="{}")", escaped(figure.group), escaped(figure.op), figure.size),
+           figure.collectives);
+  family("mcprun_slow_collectives_named_total", "counter", "Slow collectives named in this attempt.");
+  sample("mcprun_slow_collectives_named_total", "", metrics.slow_collectives_named);
   family("process_resident_memory_bytes", "gauge", "Resident memory size in bytes.");
   sample("process_resident_memory_bytes", "", metrics.resident_bytes);
   return out;

@@ -6,6 +6,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "launcher/stall/straggler_watch.hpp"
 
@@ -19,6 +20,8 @@ struct NodeMetrics {
   std::map<int, RankArrivals> arrivals;
   std::optional<int> straggler;  ///< The rank named a straggler now.
   size_t stragglers_named = 0;   ///< Named in this attempt.
+  std::vector<BandwidthFigure> bandwidth;  ///< Per group, op and size, over the window.
+  size_t slow_collectives_named = 0;       ///< Named in this attempt.
   uint64_t resident_bytes = 0;
 };
 

@@ -203,6 +203,23 @@ nlohmann::ordered_json RunSummary::stragglers_json() const {
   return stragglers;
 }
 
+nlohmann::ordered_json RunSummary::slow_collectives_json() const {
+  auto slow = nlohmann::ordered_json::array();
+  for (const SlowCollective& collective : slow_collectives_)
+    slow.push_back({{"group", collective.group},
+                    {"op", collective.op},
+                    {"size", collective.size},
+                    {"ranks", collective.ranks},
+                    {"first_seen", utc_timestamp(collective.first_seen)},
+                    {"last_seen", utc_timestamp(collective.last_seen)},
+                    {"busbw_before", collective.busbw_before},
+                    {"busbw_before_from", collective.before_is_preflight ? "preflight" : "earlier"},
+                    {"busbw", collective.busbw_now},
+                    {"median_s", round_ms(collective.median_s)},
+                    {"busy_share", std::round(collective.busy_share * 1000) / 1000}});
+  return slow;
+}
+
 void RunSummary::begin_attempt() {
   attempt_started_ = std::chrono::system_clock::now();
   hint_.clear();
@@ -351,6 +368,7 @@ nlohmann::ordered_json RunSummary::format_json(int exit_code) const {
                              : nlohmann::ordered_json(nullptr)},
       // Who held the others back while the job ran (the straggler watch), oldest first.
       {"stragglers", stragglers_json()},
+      {"slow_collectives", slow_collectives_json()},
       {"world_size", last_ ? nlohmann::ordered_json(world_size_) : nlohmann::ordered_json(nullptr)},
       {"restarts", std::max(0, attempts_ - 1)},
       {"total_time_s", round_ms(total)},

@@ -47,6 +47,8 @@ class RunSummary {
   void set_early_finisher(std::optional<EarlyFinisher> finisher) { early_finisher_ = finisher; }
   /// The stragglers the last attempt named: its `stragglers`.
   void set_stragglers(std::vector<StragglerEpisode> stragglers) { stragglers_ = std::move(stragglers); }
+  /// The slow collectives the last attempt named: its `slow_collectives`.
+  void set_slow_collectives(std::vector<SlowCollective> slow) { slow_collectives_ = std::move(slow); }
   /// --preflight's report (docs/preflight.md), as the check wrote it; its text left out.
   void set_preflight(nlohmann::json report) { preflight_ = std::move(report); }
 
@@ -75,6 +77,7 @@ class RunSummary {
   };
   Verdict verdict(int exit_code) const;
   nlohmann::ordered_json stragglers_json() const;
+  nlohmann::ordered_json slow_collectives_json() const;
   /// "rank 1 on host exited with exit code 7: ValueError: bad shard 17".
   std::string rank_ending(const Rank& rank) const;
   /// This rank's place in the stall report, when the last attempt stalled.
@@ -97,6 +100,7 @@ class RunSummary {
   std::string hint_;  ///< The last attempt's, when it failed or stalled; empty: none.
   std::optional<EarlyFinisher> early_finisher_;  ///< The last attempt's, when it failed.
   std::vector<StragglerEpisode> stragglers_;     ///< The last attempt's.
+  std::vector<SlowCollective> slow_collectives_; ///< The last attempt's.
   nlohmann::json preflight_;  ///< null: no --preflight ran.
   std::shared_ptr<LastErrorSink> last_error_;  ///< Explains an ending that no attempt does.
 };

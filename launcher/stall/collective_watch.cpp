@@ -76,10 +76,20 @@ Expected<ProgressRecord> parse_progress_record(std::string_view text) {
         GroupArrivals& parsed = record.arrivals[group];
         parsed.group_ranks = entry.value("ranks", std::vector<int>{});
         parsed.step_s = entry.value("step_us", 0.0) / 1e6;
-        for (const auto& arrival : entry.at("c"))
-          parsed.arrivals.push_back({arrival.at(0).get<int64_t>(),
-                                     t0_ns + arrival.at(1).get<int64_t>() * 1000,
-                                     arrival.at(2).get<int64_t>()});
+        const auto ops = entry.value("ops", std::vector<std::string>{});
+        for (const auto& arrival : entry.at("c")) {
+          GroupArrivals::Arrival& parsed_arrival = parsed.arrivals.emplace_back();
+          parsed_arrival.seq = arrival.at(0).get<int64_t>();
+          parsed_arrival.created_ns = t0_ns + arrival.at(1).get<int64_t>() * 1000;
+          parsed_arrival.elements = arrival.at(2).get<int64_t>();
+          if (arrival.size() < 7) continue;  // An older reporter's: no completion.
+          if (const auto done_us = arrival.at(3).get<int64_t>(); done_us >= 0)
+            parsed_arrival.done_ns = t0_ns + done_us * 1000;
+          parsed_arrival.bytes = std::max<int64_t>(arrival.at(4).get<int64_t>(), 0);
+          if (const auto op = arrival.at(5).get<size_t>(); op < ops.size()) parsed_arrival.op = ops[op];
+          if (const auto gpu_us = arrival.at(6).get<int64_t>(); gpu_us >= 0)
+            parsed_arrival.gpu_s = static_cast<double>(gpu_us) / 1e6;
+        }
       }
     }
     if (record.rank < 0) return Error{fmt::format("rank {} is negative", record.rank)};

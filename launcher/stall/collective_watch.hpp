@@ -56,6 +56,10 @@ struct GroupArrivals {
     int64_t seq = 0;
     int64_t created_ns = 0;  ///< On the rank's wall clock.
     int64_t elements = 0;    ///< Of its inputs.
+    int64_t done_ns = -1;    ///< When the rank saw it completed, on its wall clock; -1: unknown.
+    int64_t bytes = 0;       ///< nccl-tests' size: the larger of its inputs and outputs.
+    std::string op;          ///< "all_reduce", "_allgather_base"...; empty from an older reporter.
+    double gpu_s = -1;       ///< Its time on the GPU (TORCH_NCCL_ENABLE_TIMING); -1: unknown.
   };
   std::vector<Arrival> arrivals;  ///< By sequence number.
   double step_s = 0;  ///< The rank's step, from the period of the group's collectives; 0: none.

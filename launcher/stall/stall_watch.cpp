@@ -87,7 +87,10 @@ void StallWatch::begin_attempt(int world_size, int master_port, StallHooks hooks
   // Every rank's reporter writes to this node's store: the whole job is judged here.
   if (observed_store_ && settings_.collective_timeout > 0) {
     collectives_.emplace(settings_.collective_timeout, kProgressIntervalSeconds, attempt_start_);
-    if (settings_.stragglers.window_s > 0) stragglers_.emplace(settings_.stragglers);
+    if (settings_.stragglers.window_s > 0) {
+      stragglers_.emplace(settings_.stragglers);
+      if (bandwidth_floor_) stragglers_->bandwidth().set_floor(bandwidth_floor_->first, bandwidth_floor_->second);
+    }
     arm_collective_check();
   }
   arm_activity_deadline();
@@ -107,7 +110,10 @@ void StallWatch::end_attempt() {
   activity_deadline_.cancel();
   collective_check_.cancel();
   collectives_.reset();  // A new attempt starts with fresh progress state.
-  if (stragglers_) last_stragglers_ = stragglers_->episodes();
+  if (stragglers_) {
+    last_stragglers_ = stragglers_->episodes();
+    last_slow_collectives_ = stragglers_->bandwidth().episodes();
+  }
   stragglers_.reset();
   last_heartbeat_.clear();
   barriers_.clear();
@@ -195,14 +201,20 @@ void StallWatch::on_collective_check() {
 
 void StallWatch::check_stragglers() {
   if (!stragglers_) return;
-  auto line = stragglers_->check(Clock::now(), std::chrono::system_clock::now());
-  if (!line) return;
-  // A straggler starved of CPU on this node: name what takes the CPU it may use.
-  if (const StragglerEpisode* straggler = stragglers_->current();
-      straggler && straggler->cause.starts_with("starved of CPU") && straggler->host == host_)
-    if (auto hog = busiest_process_beside(straggler->cause_pid)) *line += "; busiest beside it: " + *hog;
-  spdlog::warn("{}", *line);
-  if (hooks_.on_straggler_line) hooks_.on_straggler_line(*line);
+  std::vector<std::string> lines;
+  if (auto line = stragglers_->check(Clock::now(), std::chrono::system_clock::now())) {
+    // A straggler starved of CPU on this node: name what takes the CPU it may use.
+    if (const StragglerEpisode* straggler = stragglers_->current();
+        straggler && straggler->cause.starts_with("starved of CPU") && straggler->host == host_)
+      if (auto hog = busiest_process_beside(straggler->cause_pid)) *line += "; busiest beside it: " + *hog;
+    lines.push_back(std::move(*line));
+  }
+  if (auto line = stragglers_->bandwidth().check(Clock::now(), std::chrono::system_clock::now()))
+    lines.push_back(std::move(*line));
+  for (const std::string& line : lines) {
+    spdlog::warn("{}", line);
+    if (hooks_.on_straggler_line) hooks_.on_straggler_line(line);
+  }
 }
 
 std::map<int, std::chrono::system_clock::time_point> StallWatch::exiting_ranks() const {
@@ -211,6 +223,10 @@ std::map<int, std::chrono::system_clock::time_point> StallWatch::exiting_ranks()
 
 std::vector<StragglerEpisode> StallWatch::stragglers() const {
   return stragglers_ ? stragglers_->episodes() : last_stragglers_;
+}
+
+std::vector<SlowCollective> StallWatch::slow_collectives() const {
+  return stragglers_ ? stragglers_->bandwidth().episodes() : last_slow_collectives_;
 }
 
 std::map<int, std::string> StallWatch::ranks_in_collectives() const {

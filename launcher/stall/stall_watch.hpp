@@ -83,6 +83,10 @@ class StallWatch {
   std::map<int, std::chrono::system_clock::time_point> exiting_ranks() const;
   /// Every straggler the straggler watch named in this attempt; empty where this node judges none.
   std::vector<StragglerEpisode> stragglers() const;
+  /// Every slow collective the bandwidth watch named in this attempt; empty where none.
+  std::vector<SlowCollective> slow_collectives() const;
+  /// --preflight's all-reduce bus bandwidth at `bytes`: the floor under which it is slow.
+  void set_bandwidth_floor(int64_t bytes, double busbw) { bandwidth_floor_.emplace(bytes, busbw); }
   /// The straggler watch of the attempt running now; null where there is none.
   const StragglerWatch* straggler_watch() const { return stragglers_ ? &*stragglers_ : nullptr; }
   /// How far each local worker got, as the report shows it.
@@ -100,7 +104,8 @@ class StallWatch {
   /// Looks at the ranks' progress once per reporting interval.
   void arm_collective_check();
   void on_collective_check();
-  /// Names a straggler, or its change or end, in one line on this node's console.
+  /// Names a straggler or a slow collective, or its change or end, in one line on this node's
+  /// console and through on_straggler_line.
   void check_stragglers();
   void arm_init_deadline();
   void on_init_deadline();
@@ -132,6 +137,8 @@ class StallWatch {
   std::optional<CollectiveWatch> collectives_;  ///< On the node that serves the job store.
   std::optional<StragglerWatch> stragglers_;    ///< Beside it, unless --straggler-window off.
   std::vector<StragglerEpisode> last_stragglers_;  ///< The ended attempt's, for the summary.
+  std::vector<SlowCollective> last_slow_collectives_;
+  std::optional<std::pair<int64_t, double>> bandwidth_floor_;
   boost::asio::steady_timer collective_check_;
   std::chrono::steady_clock::time_point attempt_start_;
   std::map<int, std::chrono::steady_clock::time_point> last_heartbeat_;

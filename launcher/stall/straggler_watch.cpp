@@ -70,6 +70,11 @@ void StragglerWatch::observe(const ProgressRecord& record, int64_t received_ns, 
       if (added) collective.first_seen = now;
       if (!arrivals.group_ranks.empty()) collective.members = arrivals.group_ranks;
       collective.created_ns[record.rank] = arrival.created_ns;
+      if (arrival.done_ns >= arrival.created_ns) collective.done_ns[record.rank] = arrival.done_ns;
+      if (arrival.gpu_s >= 0 && (collective.gpu_s < 0 || arrival.gpu_s < collective.gpu_s))
+        collective.gpu_s = arrival.gpu_s;
+      collective.bytes = std::max(collective.bytes, arrival.bytes);
+      if (!arrival.op.empty()) collective.op = arrival.op.substr(0, 80);
       // A group of more than 64 ranks is sent without its members: every rank reporting it.
       const size_t expected = collective.members.empty() ? reporting.size() : collective.members.size();
       if (collective.created_ns.size() >= expected && expected > 1) {
@@ -84,13 +89,39 @@ void StragglerWatch::observe(const ProgressRecord& record, int64_t received_ns, 
   }
 }
 
+int64_t StragglerWatch::on_this_clock(int rank, int64_t rank_ns) const {
+  auto offset = offset_ns_.find(rank);
+  return rank_ns + (offset == offset_ns_.end() ? 0 : offset->second);
+}
+
+void StragglerWatch::time(const std::string& group, int64_t seq, const Collective& collective,
+                          int64_t last_arrival_ns) {
+  std::optional<int64_t> done;  // The first member to see it done: the others' polls were late.
+  for (const auto& [rank, done_ns] : collective.done_ns) {
+    const int64_t here = on_this_clock(rank, done_ns);
+    if (!done || here < *done) done = here;
+  }
+  if (!done) return;
+  auto& [last_seq, last_done] = last_done_[group];
+  // A group runs its collectives in order: one queued behind the previous starts when it ends.
+  const int64_t start = seq == last_seq + 1 ? std::max(last_arrival_ns, last_done) : last_arrival_ns;
+  if (seq > last_seq) std::tie(last_seq, last_done) = std::tie(seq, *done);
+  CollectiveTiming timing;
+  timing.group = group;
+  timing.op = collective.op;
+  timing.bytes = collective.bytes;
+  for (const auto& [rank, created] : collective.created_ns) timing.ranks.push_back(rank);
+  // On the GPU the last to arrive waits least: its kernel's time is the transfer's.
+  timing.seconds = collective.gpu_s >= 0 ? collective.gpu_s : static_cast<double>(*done - start) / 1e9;
+  timing.done_ns = *done;
+  bandwidth_.add(timing);
+}
+
 void StragglerWatch::complete(const std::string& group, int64_t seq, const Collective& collective) {
   std::vector<std::pair<int64_t, int>> arrivals;  // On this host's clock.
-  for (const auto& [rank, created] : collective.created_ns) {
-    auto offset = offset_ns_.find(rank);
-    arrivals.emplace_back(created + (offset == offset_ns_.end() ? 0 : offset->second), rank);
-  }
+  for (const auto& [rank, created] : collective.created_ns) arrivals.emplace_back(on_this_clock(rank, created), rank);
   const auto last = std::max_element(arrivals.begin(), arrivals.end());
+  time(group, seq, collective, last->first);
   std::vector<double> others;
   for (auto it = arrivals.begin(); it != arrivals.end(); ++it)
     if (it != last) others.push_back(static_cast<double>(it->first));

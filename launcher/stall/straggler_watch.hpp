@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "launcher/config/launch_config.hpp"
+#include "launcher/stall/bandwidth_watch.hpp"
 #include "launcher/stall/collective_watch.hpp"
 
 namespace mcprun {
@@ -71,7 +72,7 @@ struct RankActivity {
 class StragglerWatch {
  public:
   using Clock = std::chrono::steady_clock;
-  explicit StragglerWatch(StragglerSettings settings) : settings_(settings) {}
+  explicit StragglerWatch(StragglerSettings settings) : settings_(settings), bandwidth_(settings) {}
 
   /// A record as the store's host received it: `received_ns` on this host's wall clock.
   void observe(const ProgressRecord& record, int64_t received_ns, Clock::time_point now);
@@ -88,6 +89,9 @@ class StragglerWatch {
   /// The last kRecentCollectives collectives every member arrived at, oldest first (the
   /// arrivals of ranks under kMaxPictureRows and the last one).
   const std::deque<SeenCollective>& recent() const { return recent_; }
+  /// The collectives' bus bandwidth, timed from the same arrivals and their completions.
+  BandwidthWatch& bandwidth() { return bandwidth_; }
+  const BandwidthWatch& bandwidth() const { return bandwidth_; }
 
  private:
   struct Sample {
@@ -96,7 +100,11 @@ class StragglerWatch {
     double lag_s = 0;
   };
   struct Collective {
-    std::map<int, int64_t> created_ns;  ///< Rank -> its arrival, on this host's clock.
+    std::map<int, int64_t> created_ns;  ///< Rank -> its arrival, on the rank's clock.
+    std::map<int, int64_t> done_ns;     ///< Rank -> when it saw it completed, on its clock.
+    double gpu_s = -1;                  ///< The shortest of its members' GPU times.
+    int64_t bytes = 0;
+    std::string op;
     std::vector<int> members;
     Clock::time_point first_seen;
   };
@@ -112,6 +120,9 @@ class StragglerWatch {
     int pid = 0;
   };
   void complete(const std::string& group, int64_t seq, const Collective& collective);
+  /// Its time from the last arrival to done, on this host's clock, to the bandwidth watch.
+  void time(const std::string& group, int64_t seq, const Collective& collective, int64_t last_arrival_ns);
+  int64_t on_this_clock(int rank, int64_t rank_ns) const;
   std::optional<StragglerEpisode> judge(int64_t wall_ns) const;
   RankActivity activity(int rank) const;
   std::string cause_of(int rank) const;
@@ -127,6 +138,8 @@ class StragglerWatch {
   std::map<int, RankInfo> ranks_;
   std::map<int, RankArrivals> arrivals_;
   std::deque<SeenCollective> recent_;
+  std::map<std::string, std::pair<int64_t, int64_t>> last_done_;  ///< group -> (seq, done ns).
+  BandwidthWatch bandwidth_;
   std::vector<StragglerEpisode> episodes_;
   bool current_ = false;
   std::optional<Clock::time_point> last_line_;

@@ -85,6 +85,14 @@ ARRIVALS_EVERY = 4
 MAX_ARRIVALS = 64
 MAX_COLLECTIVES_PER_STEP = 32
 MAX_NAME_CHARS = 80
+# How often the reporter reads its groups' statuses between records, to time completions:
+# gloo's recorder keeps no completion time, NCCL's only the watchdog's. A read costs ~7 us.
+COMPLETION_POLL_S = float(os.environ.get("MCPRUN_COMPLETION_POLL_S", "0.01"))
+MAX_COMPLETIONS = 512  # Per group: twice the recorder's entries.
+# Bytes per element of the Flight Recorder's dtype names; an unknown one counts 4.
+DTYPE_BYTES = {"Double": 8, "Long": 8, "ComplexFloat": 8, "ComplexDouble": 16, "Float": 4,
+               "Int": 4, "Half": 2, "BFloat16": 2, "Short": 2, "Byte": 1, "Char": 1, "Bool": 1,
+               "Float8_e4m3fn": 1, "Float8_e5m2": 1}
 # How often /proc is scanned for new descendants; known ones are read every interval.
 DESCENDANT_SCAN_S = 10.0
 # torch >= 2.x's Flight Recorder dumps: gloo and the other CPU backends, then NCCL (CUDA builds).
@@ -139,11 +147,24 @@ class Reporter:
 
     def run(self):
         try:
-            while not self.stop_requested.wait(self.interval_s):
+            next_record = time.monotonic() + self.interval_s
+            while not self.stop_requested.wait(self.pause_before(next_record)):
+                if time.monotonic() < next_record:
+                    self.safely(self.poll_completions)
+                    continue
+                next_record += self.interval_s
                 self.safely(self.report)
             self.safely(self.report_exit)
         finally:
             self.close()
+
+    def pause_before(self, next_record):
+        """Until the next record, or the next completion poll once collectives are recorded."""
+        pause = max(next_record - time.monotonic(), 0)
+        return min(pause, COMPLETION_POLL_S) if self.flight_recorder.recording and COMPLETION_POLL_S > 0 else pause
+
+    def poll_completions(self):
+        self.in_torch(self.flight_recorder.stamp_completions)
 
     def request_stop(self):
         """At exit, from sitecustomize's handler, which then waits for the thread to end: the
@@ -375,6 +396,7 @@ class FlightRecorderProbe:
         self.highest_completed = {}
         self.previous_call = None  # id() of the collective frame the main thread was in
         self.arrivals_seen = {}    # group name -> the highest sequence number sent in arrivals
+        self.completed_at = {}     # (dump, pg id) -> {seq: wall ns it was first seen completed}
 
     def sample(self, call):
         """`call`: the main thread's collective frame, if any; one it is still in since the
@@ -389,6 +411,7 @@ class FlightRecorderProbe:
                                            int(status["last_completed_collective"]))
         if not statuses:
             return None
+        self.stamp(statuses)
         self.recording = {name for name, _ in statuses}
         for key, (_, completed) in statuses.items():
             self.highest_completed[key] = max(self.highest_completed.get(key, 0), completed)
@@ -407,6 +430,25 @@ class FlightRecorderProbe:
             pending = self.pending_entries({name: dumps[name] for name in names}, statuses, stuck)
         return sum(self.highest_completed.values()), pending
 
+    def stamp_completions(self):
+        c10d = sys.modules["torch._C._distributed_c10d"]
+        statuses = {}
+        for name in self.recording:
+            for pg_id, status in json.loads(getattr(c10d, name)(False, True)).get("pg_status", {}).items():
+                statuses[(name, pg_id)] = (0, int(status["last_completed_collective"]))
+        self.stamp(statuses)
+
+    def stamp(self, statuses):
+        """The collective each group completed last was done by now. Only that one: gloo
+        completes out of order, so one below it may still be running."""
+        now = time.time_ns()
+        for key, (_, completed) in statuses.items():
+            stamps = self.completed_at.setdefault(key, {})
+            if completed >= 0 and completed not in stamps:
+                stamps[completed] = now
+                if len(stamps) > MAX_COMPLETIONS:
+                    del stamps[next(iter(stamps))]  # The oldest: dicts keep insertion order.
+
     def pending_entries(self, dumps, statuses, stuck):
         now_ns = time.time_ns()
         entries = []
@@ -421,14 +463,16 @@ class FlightRecorderProbe:
         return [self.describe(entry, now_ns) for _, entry in entries[:MAX_PENDING]]
 
     def arrivals(self):
-        """When this rank enqueued its collectives since the last call, for the straggler watch:
-        {"t0_ns": wall clock, "groups": {name: {"ranks": [...], "c": [[seq, us after t0,
-        elements], ...], "step_us": its step}}}; None when nothing is new. Past MAX_ARRIVALS a
-        group's are thinned to the sequence numbers divisible by a power of two, so that every
-        rank keeps the multiples of the largest stride and the same collectives line up. The step
-        is the period of the sizes of all the recorder holds (DDP's buckets repeat every step).
-        A full read without stack traces costs milliseconds for the recorder's 256 entries,
-        hence only every ARRIVALS_EVERY records."""
+        """When this rank enqueued and completed its collectives since the last call, for the
+        straggler and bandwidth watches: {"t0_ns": wall clock, "groups": {name: {"ranks": [...],
+        "ops": [op, ...], "c": [[seq, us after t0, elements, done us after t0 or -1, bytes,
+        index in ops, GPU us or -1], ...], "step_us": its step}}}; None when nothing is new.
+        A collective still running waits for the next call, so that its completion goes with
+        it. Past MAX_ARRIVALS a group's are thinned to the sequence numbers divisible by a power
+        of two, so that every rank keeps the multiples of the largest stride and the same
+        collectives line up. The step is the period of the sizes of all the recorder holds
+        (DDP's buckets repeat every step). A full read without stack traces costs milliseconds
+        for the recorder's 256 entries, hence only every ARRIVALS_EVERY records."""
         c10d = sys.modules["torch._C._distributed_c10d"]
         by_group = {}
         for name in self.recording:
@@ -437,11 +481,23 @@ class FlightRecorderProbe:
                 if entry.get("is_p2p"):
                     continue
                 group = str((entry.get("process_group") or [entry.get("pg_id", "")])[0])
-                by_group.setdefault(group, {})[entry.get("collective_seq_id", -1)] = (
-                    entry.get("time_created_ns", 0), element_count(entry.get("input_sizes")))
+                seq = entry.get("collective_seq_id", -1)
+                done_ns = (entry.get("time_discovered_completed_ns")
+                           or self.completed_at.get((name, str(entry.get("pg_id"))), {}).get(seq))
+                finished = entry.get("retired") or entry.get("state") == "completed"
+                gpu_ms = entry.get("duration_ms")  # Where TORCH_NCCL_ENABLE_TIMING is on.
+                by_group.setdefault(group, {})[seq] = (
+                    entry.get("time_created_ns", 0), element_count(entry.get("input_sizes")),
+                    done_ns if finished else None, finished, collective_bytes(entry),
+                    entry.get("profiling_name", "").partition(":")[2] or "?",
+                    -1 if gpu_ms is None else int(gpu_ms * 1000))
         groups, t0 = {}, None
         for group, entries in by_group.items():
-            new = sorted(seq for seq in entries if seq > self.arrivals_seen.get(group, -1))
+            new = []
+            for seq in sorted(seq for seq in entries if seq > self.arrivals_seen.get(group, -1)):
+                if not entries[seq][3]:
+                    break  # Running: sent with its completion next time.
+                new.append(seq)
             if not new:
                 continue
             self.arrivals_seen[group] = new[-1]
@@ -456,8 +512,16 @@ class FlightRecorderProbe:
             return None
         for group in groups.values():
             entries = group.pop("entries")
-            group["c"] = [[seq, (entries[seq][0] - t0) // 1000, entries[seq][1]]
-                          for seq in group.pop("kept")]
+            ops = []
+            group["c"] = []
+            for seq in group.pop("kept"):
+                created, elements, done, _, size, op, gpu_us = entries[seq]
+                if op not in ops:
+                    ops.append(op)
+                group["c"].append([seq, (created - t0) // 1000, elements,
+                                   -1 if done is None else max(done - t0, 0) // 1000, size,
+                                   ops.index(op), gpu_us])
+            group["ops"] = ops
         return {"t0_ns": t0, "groups": groups}
 
     def write_dump(self, path):
@@ -602,6 +666,16 @@ def element_count(sizes):
             count *= dimension
         total += count
     return total
+
+
+def collective_bytes(entry):
+    """What nccl-tests calls a collective's size: the larger of its inputs and outputs in bytes
+    (all-gather's whole output, reduce-scatter's whole input)."""
+    def total(sizes, dtypes):
+        return sum(element_count([shape]) * DTYPE_BYTES.get(dtype, 4)
+                   for shape, dtype in zip(sizes or [], dtypes or []))
+    return max(total(entry.get("input_sizes"), entry.get("input_dtypes")),
+               total(entry.get("output_sizes"), entry.get("output_dtypes")))
 
 
 def outermost_collective(frame):

@@ -1,0 +1,190 @@
+#include "launcher/stall/bandwidth_watch.hpp"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace mcprun {
+namespace {
+
+// Fewer collectives than this in a window are no figure of a kind's bandwidth.
+constexpr size_t kMinTimedCollectives = 10;
+// The smallest size whose bandwidth says something of a link: below it, latency rules.
+constexpr int64_t kSmallestBucketBytes = int64_t{64} << 10;
+
+bool contains(const std::string& text, const char* part) { return text.find(part) != std::string::npos; }
+
+bool is_all_reduce(const std::string& op) { return contains(op, "all_reduce") || contains(op, "allreduce"); }
+
+std::string gbps(double bytes_per_s) { return fmt::format("{:.3g} GB/s", bytes_per_s / 1e9); }
+
+std::string human_bytes(int64_t bytes) {
+  if (bytes >= int64_t{1} << 30) return fmt::format("{} GiB", bytes >> 30);
+  if (bytes >= int64_t{1} << 20) return fmt::format("{} MiB", bytes >> 20);
+  return fmt::format("{} KiB", bytes >> 10);
+}
+
+std::string duration(double seconds) {
+  return seconds < 1 ? fmt::format("{:.0f} ms", seconds * 1000) : fmt::format("{:.1f} s", seconds);
+}
+
+/// "0-2,5": the members as ranges.
+std::string ranges(const std::vector<int>& ranks) {
+  std::string text;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    text += fmt::format("{}{}", text.empty() ? "" : ",", ranks[i]);
+    if (j > i) text += fmt::format("-{}", ranks[j]);
+    i = j + 1;
+  }
+  return text;
+}
+
+int64_t bucket_low(int bucket) { return kSmallestBucketBytes << (2 * bucket); }
+
+}  // namespace
+
+double bus_factor(const std::string& op, int ranks) {
+  if (ranks < 2) return 0;
+  const double n = ranks;
+  if (is_all_reduce(op)) return 2 * (n - 1) / n;
+  if (contains(op, "reduce_scatter") || contains(op, "all_gather") || contains(op, "allgather") ||
+      contains(op, "all_to_all") || contains(op, "alltoall"))
+    return (n - 1) / n;
+  if (contains(op, "broadcast") || op == "reduce") return 1;
+  return 0;
+}
+
+int size_bucket(int64_t bytes) {
+  if (bytes < kSmallestBucketBytes) return -1;
+  int bucket = 0;
+  while (bucket < 12 && bucket_low(bucket + 1) <= bytes) ++bucket;
+  return bucket;
+}
+
+std::string size_bucket_label(int bucket) {
+  return fmt::format("{}-{}", human_bytes(bucket_low(bucket)), human_bytes(bucket_low(bucket + 1)));
+}
+
+void BandwidthWatch::set_floor(int64_t bytes, double busbw) {
+  if (bytes > 0 && busbw > 0) floor_.emplace(bytes, busbw);
+}
+
+void BandwidthWatch::add(const CollectiveTiming& timing) {
+  const double factor = bus_factor(timing.op, static_cast<int>(timing.ranks.size()));
+  const int bucket = size_bucket(timing.bytes);
+  if (factor <= 0 || bucket < 0 || timing.seconds <= 0) return;
+  Kind& kind = kinds_[{timing.group, timing.op, bucket}];
+  kind.ranks = timing.ranks;
+  ++kind.collectives;
+  kind.window.push_back({timing.done_ns, factor * static_cast<double>(timing.bytes), timing.seconds});
+}
+
+std::optional<std::tuple<double, double, double>> BandwidthWatch::measure(const Kind& kind,
+                                                                          int64_t wall_ns) const {
+  if (kind.window.size() < kMinTimedCollectives) return std::nullopt;
+  // Half a window at least, as for stragglers: the first steps are no pattern.
+  if (static_cast<double>(wall_ns - kind.window.front().done_ns) / 1e9 < settings_.window_s / 2)
+    return std::nullopt;
+  double bytes = 0, seconds = 0;
+  std::vector<double> each;
+  for (const Timed& timed : kind.window) {
+    bytes += timed.bus_bytes;
+    seconds += timed.seconds;
+    each.push_back(timed.seconds);
+  }
+  std::nth_element(each.begin(), each.begin() + static_cast<std::ptrdiff_t>(each.size() / 2), each.end());
+  const double span_s = std::max(settings_.window_s / 2,
+                                 static_cast<double>(wall_ns - kind.window.front().done_ns) / 1e9);
+  return std::make_tuple(bytes / seconds, each[each.size() / 2], std::min(1.0, seconds / span_s));
+}
+
+std::optional<std::string> BandwidthWatch::check(Clock::time_point now,
+                                                 std::chrono::system_clock::time_point wall) {
+  const int64_t wall_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(wall.time_since_epoch()).count();
+  std::optional<std::pair<Key, SlowCollective>> slowest;
+  for (auto& [key, kind] : kinds_) {
+    std::sort(kind.window.begin(), kind.window.end(),
+              [](const Timed& a, const Timed& b) { return a.done_ns < b.done_ns; });
+    while (!kind.window.empty() &&
+           static_cast<double>(wall_ns - kind.window.front().done_ns) / 1e9 > settings_.window_s)
+      kind.window.pop_front();
+    const auto measured = measure(kind, wall_ns);
+    if (!measured) continue;
+    const auto [busbw, median_s, busy_share] = *measured;
+    SlowCollective slow;
+    std::tie(slow.group, slow.op) = std::tie(std::get<0>(key), std::get<1>(key));
+    slow.size = size_bucket_label(std::get<2>(key));
+    slow.ranks = kind.ranks;
+    slow.busbw_now = busbw;
+    slow.median_s = median_s;
+    slow.busy_share = busy_share;
+    slow.busbw_before = kind.best;
+    if (floor_ && is_all_reduce(slow.op) && size_bucket(floor_->first) <= std::get<2>(key) &&
+        floor_->second > slow.busbw_before) {
+      slow.busbw_before = floor_->second;  // --preflight's all-reduce, at this size or smaller.
+      slow.before_is_preflight = true;
+    }
+    spdlog::debug("bandwidth watch: {} {} {} on group {}: {}, best before {}, median {:.3f} s, busy {:.0f}%",
+                  slow.op, slow.size, kind.window.size(), slow.group, gbps(busbw),
+                  gbps(slow.busbw_before), median_s, 100 * busy_share);
+    // A slow kind takes real time: a share of the window, each one at least the minimum.
+    const bool slow_now = busbw < settings_.slow_collective_share * slow.busbw_before &&
+                          median_s >= settings_.slow_collective_min_s &&
+                          busy_share >= settings_.min_step_share;
+    if (!slow_now) {
+      kind.best = std::max(kind.best, busbw);
+      continue;
+    }
+    if (!slowest || busbw / slow.busbw_before < slowest->second.busbw_now / slowest->second.busbw_before)
+      slowest.emplace(key, std::move(slow));
+  }
+  if (current_ && slowest && slowest->first == current_key_) {
+    episodes_.back().last_seen = wall;
+    return std::nullopt;
+  }
+  if (!slowest && !current_) return std::nullopt;
+  if (last_line_ && std::chrono::duration<double>(now - *last_line_).count() < settings_.window_s)
+    return std::nullopt;
+  last_line_ = now;
+  if (!slowest) {
+    current_ = false;
+    const SlowCollective& ended = episodes_.back();
+    return fmt::format("slow collective gone: {} of {} on group {} runs at over {:.0f}% of its best again",
+                       ended.op, ended.size, ended.group, 100 * settings_.slow_collective_share);
+  }
+  slowest->second.first_seen = slowest->second.last_seen = wall;
+  episodes_.push_back(std::move(slowest->second));
+  current_ = true;
+  current_key_ = slowest->first;
+  return describe(episodes_.back());
+}
+
+std::string BandwidthWatch::describe(const SlowCollective& slow) const {
+  return fmt::format(
+      "slow collective: {} of {} on group {} (ranks {}) runs at {} bus bandwidth, under {:.0f}% of "
+      "the {} {}; one takes {} (the median), {:.0f}% of the last {:.0f} s",
+      slow.op, slow.size, slow.group, ranges(slow.ranks), gbps(slow.busbw_now),
+      100 * settings_.slow_collective_share, gbps(slow.busbw_before),
+      slow.before_is_preflight ? "that --preflight measured" : "it ran at earlier in this job",
+      duration(slow.median_s), 100 * slow.busy_share, settings_.window_s);
+}
+
+std::vector<BandwidthFigure> BandwidthWatch::figures() const {
+  std::vector<BandwidthFigure> figures;
+  for (const auto& [key, kind] : kinds_) {
+    double bytes = 0, seconds = 0;
+    for (const Timed& timed : kind.window) {
+      bytes += timed.bus_bytes;
+      seconds += timed.seconds;
+    }
+    figures.push_back({std::get<0>(key), std::get<1>(key), size_bucket_label(std::get<2>(key)),
+                       seconds > 0 ? bytes / seconds : 0, kind.collectives});
+  }
+  return figures;
+}
+
+}  // namespace mcprun

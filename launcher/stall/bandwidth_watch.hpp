@@ -1,0 +1,100 @@
+// The bandwidth watch: a collective that became slow while the job runs. Each completed
+// collective's bus bandwidth, as nccl-tests computes it, per group, op and size; a kind of
+// collective whose window runs under a share of the best the same job measured earlier (or of
+// --preflight's floor) is named, with the ranks in it.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "launcher/config/launch_config.hpp"
+
+namespace mcprun {
+
+/// One collective every member completed, timed on the store host's clock.
+struct CollectiveTiming {
+  std::string group;
+  std::string op;
+  int64_t bytes = 0;
+  std::vector<int> ranks;  ///< Its members, ascending.
+  double seconds = 0;      ///< From the last arrival (or the group's previous completion) to done.
+  int64_t done_ns = 0;     ///< On the store host's wall clock.
+};
+
+/// nccl-tests' bus bandwidth factor for `op` among `ranks` members: all-reduce 2(n-1)/n;
+/// reduce-scatter, all-gather and all-to-all (n-1)/n; broadcast and reduce 1. 0: an op whose
+/// bytes say nothing of a link (barrier, send, scatter).
+double bus_factor(const std::string& op, int ranks);
+
+/// Which size a collective counts under: powers of 4 from 64 KiB (smaller ones are latency-bound,
+/// their bandwidth no figure of a link); -1: under 64 KiB.
+int size_bucket(int64_t bytes);
+/// "1-4 MiB": the bucket's bounds.
+std::string size_bucket_label(int bucket);
+
+/// A kind of collective that ran slow, from the check that named it to the last that still did.
+struct SlowCollective {
+  std::string group, op, size;  ///< size: its bucket's label.
+  std::vector<int> ranks;
+  double busbw_before = 0;      ///< Bytes/s: the best window earlier in the job, or the floor.
+  bool before_is_preflight = false;
+  double busbw_now = 0;
+  double median_s = 0;          ///< One collective's time, in the window that named it.
+  double busy_share = 0;        ///< Of the window spent in these collectives.
+  std::chrono::system_clock::time_point first_seen, last_seen;
+};
+
+/// A kind of collective's figure now: what `--metrics-port` serves.
+struct BandwidthFigure {
+  std::string group, op, size;
+  double busbw = 0;  ///< Bytes/s over the window.
+  uint64_t collectives = 0;  ///< Timed since the attempt began.
+};
+
+class BandwidthWatch {
+ public:
+  using Clock = std::chrono::steady_clock;
+  explicit BandwidthWatch(StragglerSettings settings) : settings_(settings) {}
+
+  /// --preflight's all-reduce bus bandwidth at `bytes`: a floor for all-reduces that large.
+  void set_floor(int64_t bytes, double busbw);
+  void add(const CollectiveTiming& timing);
+  /// One line at most a window: a slow collective named, or gone.
+  std::optional<std::string> check(Clock::time_point now, std::chrono::system_clock::time_point wall);
+  std::vector<BandwidthFigure> figures() const;
+  const std::vector<SlowCollective>& episodes() const { return episodes_; }
+  const SlowCollective* current() const { return current_ ? &episodes_.back() : nullptr; }
+
+ private:
+  using Key = std::tuple<std::string, std::string, int>;  ///< Group, op, size bucket.
+  struct Timed {
+    int64_t done_ns = 0;
+    double bus_bytes = 0;  ///< Bytes times the bus factor.
+    double seconds = 0;
+  };
+  struct Kind {
+    std::deque<Timed> window;
+    std::vector<int> ranks;
+    double best = 0;  ///< Bytes/s: the best full window so far.
+    uint64_t collectives = 0;
+  };
+  /// A full window's bandwidth, time per collective and busy share; nullopt when too few.
+  std::optional<std::tuple<double, double, double>> measure(const Kind& kind, int64_t wall_ns) const;
+  std::string describe(const SlowCollective& slow) const;
+
+  StragglerSettings settings_;
+  std::optional<std::pair<int64_t, double>> floor_;
+  std::map<Key, Kind> kinds_;
+  std::vector<SlowCollective> episodes_;
+  bool current_ = false;
+  Key current_key_;
+  std::optional<Clock::time_point> last_line_;
+};
+
+}  // namespace mcprun
