@@ -85,6 +85,7 @@ struct TcpSocket {
   SocketEnd local, remote;
   std::string state;  ///< The kernel's hex code: kEstablished, kListening, ...
   unsigned long inode = 0;
+  uint64_t send_queue = 0;
 };
 
 /// Every TCP socket of the network namespace `net_dir` (/proc/PID/net) shows, IPv4 and IPv6.
@@ -101,7 +102,9 @@ std::vector<TcpSocket> tcp_sockets(const fs::path& net_dir) {
       if (!(fields >> slot >> local >> remote >> state >> queues >> timer >> retransmits >> uid >>
             timeout >> inode))
         continue;
-      sockets.push_back({decode_end(local), decode_end(remote), state, inode});
+      // "tx_queue:rx_queue" in hex.
+      sockets.push_back({decode_end(local), decode_end(remote), state, inode,
+                         std::stoull(queues.substr(0, queues.find(':')), nullptr, 16)});
     }
   }
   return sockets;
@@ -120,6 +123,16 @@ std::vector<SocketEnd> connections_to_port(pid_t pid, int remote_port) {
         socket.remote.port == remote_port)
       ends.push_back(socket.local);
   return ends;
+}
+
+std::vector<QueuedConnection> send_queues(pid_t pid) {
+  std::vector<QueuedConnection> connections;
+  const std::set<unsigned long> inodes = socket_inodes(pid);
+  if (inodes.empty()) return connections;
+  for (const TcpSocket& socket : tcp_sockets(fs::path("/proc") / std::to_string(pid) / "net"))
+    if (socket.state == kEstablished && inodes.contains(socket.inode))
+      connections.push_back({socket.local, socket.remote, socket.send_queue});
+  return connections;
 }
 
 std::optional<PortListener> listener_on_port(int port) {

@@ -5,6 +5,7 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -21,6 +22,16 @@ struct SocketEnd {
 /// The local ends of the established TCP connections to `remote_port` held by `pid` or by any
 /// process of its process group (a worker's children share its group).
 std::vector<SocketEnd> connections_to_port(pid_t pid, int remote_port);
+
+/// An established TCP connection and the bytes in its send queue: written by the process and
+/// not yet acknowledged by the peer (on a slow link, what the link has not carried yet).
+struct QueuedConnection {
+  SocketEnd local, remote;
+  uint64_t send_queue = 0;
+};
+
+/// `pid`'s own established TCP connections, IPv4 and IPv6, in its network namespace.
+std::vector<QueuedConnection> send_queues(pid_t pid);
 
 /// What holds a listening TCP socket.
 struct PortListener {

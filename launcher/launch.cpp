@@ -375,7 +375,7 @@ std::optional<int> Launch::prepare_supervision() {
     spdlog::info("{}=0: torch 2.x runs no init barrier, so --init-timeout waits for every rank to "
                  "publish its process-group address instead", torch_keys::kInitBarrierSwitch);
   }
-  watch_ = std::make_unique<StallWatch>(io_, stall, host_, run_dir_->runtime_dir());
+  watch_ = std::make_unique<StallWatch>(io_, stall, host_, run_dir_->runtime_dir(), config_.node_name);
   add_supervision_env(*plan_, run_dir_->runtime_dir(), config_, inherited_);
   group_ = std::make_unique<WorkerGroup>(io_, control_, *plan_, config_, inherited_);
   // --timeout: one deadline for the whole job, across rounds and restarts.
@@ -508,7 +508,10 @@ std::optional<int> Launch::join_round(int restart_count) {
     }
   };
   // Only the store's host watches the records; every node's console names the straggler.
-  events.on_straggler = [](const std::string& line) { spdlog::warn("{}", printable_text(line)); };
+  events.on_straggler = [this](const std::string& line) {
+    spdlog::warn("{}", printable_text(line));
+    if (line.starts_with("slow collective:")) watch_->check_links();  // Is this node's link the slow one?
+  };
   events.on_stall_report = [this](const nlohmann::json& message) {
     reported_nodes_.insert(message.value("node", std::string("?")));
     try {

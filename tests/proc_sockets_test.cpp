@@ -25,6 +25,23 @@ TEST(ProcSockets, FindsThisProcessesConnectionToAPort) {
   EXPECT_TRUE(connections_to_port(::getpid(), 1).empty());
 }
 
+TEST(ProcSockets, AConnectionWhosePeerDoesNotReadHoldsItsBytesInTheSendQueue) {
+  boost::asio::io_context io;
+  tcp::acceptor acceptor(io, tcp::endpoint(make_address("127.0.0.1"), 0));
+  tcp::socket client(io);
+  client.connect(acceptor.local_endpoint());
+  tcp::socket served = acceptor.accept();  // ...and never read: the peer's buffers fill.
+  client.non_blocking(true);
+  const std::vector<char> chunk(1 << 16, 'x');
+  boost::system::error_code ec;
+  for (int i = 0; i < 4096 && !ec; ++i) client.write_some(boost::asio::buffer(chunk), ec);
+  ASSERT_EQ(ec, boost::asio::error::would_block);
+  uint64_t queued = 0;
+  for (const QueuedConnection& connection : send_queues(::getpid()))
+    if (connection.remote.port == acceptor.local_endpoint().port()) queued = connection.send_queue;
+  EXPECT_GT(queued, 0u);
+}
+
 TEST(ProcSockets, FindsWhoListensOnAPortAndNothingOnABoundOne) {
   boost::asio::io_context io;
   tcp::acceptor listening(io, tcp::endpoint(make_address("127.0.0.1"), 0));

@@ -503,11 +503,11 @@ void add_diagnosis_flags(CLI::App& app, LaunchConfig& config, FlagTexts& texts) 
       "...and at least this share of a step, so that jitter on a short step names nobody")
       ->check(CLI::Range(0.0, 1.0));
   add("slow-collective-share", config.stall.stragglers.slow_collective_share,
-      "A kind of collective (group, op, size) is slow under this share of the best bus "
-      "bandwidth the job measured earlier, or of --preflight's floor")
+      "A kind of collective (group, op, size) is slow under this share of the bus "
+      "bandwidth the job measured earlier (the median), or of --preflight's floor")
       ->check(CLI::Range(0.01, 1.0));
   add("slow-collective-min-time", config.stall.stragglers.slow_collective_min_s,
-      "...where one takes this many seconds at least (the window's median), so that a fast "
+      "...where one takes this many seconds at least (the window's mean), so that a fast "
       "collective's jitter names nothing")
       ->check(CLI::NonNegativeNumber);
   add("heartbeat-timeout", config.stall.heartbeat_timeout,

@@ -21,10 +21,10 @@ struct StragglerSettings {
   double min_share = 0.75;      ///< Last at least at this share of the window's collectives,
   double min_lag_s = 0.01;      ///< by at least this much (median),
   double min_step_share = 0.1;  ///< and by at least this share of a step.
-  /// A kind of collective is slow under this share of its best bus bandwidth earlier in the job
+  /// A kind of collective is slow under this share of its bus bandwidth earlier in the job
   /// (or of --preflight's floor),
   double slow_collective_share = 0.5;
-  double slow_collective_min_s = 0.02;  ///< where one takes this long at least (the median).
+  double slow_collective_min_s = 0.02;  ///< where one takes this long at least (the mean).
 };
 
 struct StallSettings {

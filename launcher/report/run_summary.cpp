@@ -215,7 +215,7 @@ nlohmann::ordered_json RunSummary::slow_collectives_json() const {
                     {"busbw_before", collective.busbw_before},
                     {"busbw_before_from", collective.before_is_preflight ? "preflight" : "earlier"},
                     {"busbw", collective.busbw_now},
-                    {"median_s", round_ms(collective.median_s)},
+                    {"mean_s", round_ms(collective.mean_s)},
                     {"busy_share", std::round(collective.busy_share * 1000) / 1000}});
   return slow;
 }

@@ -11,6 +11,8 @@ namespace {
 
 // Fewer collectives than this in a window are no figure of a kind's bandwidth.
 constexpr size_t kMinTimedCollectives = 10;
+// Checks whose figures make the earlier bandwidth: ten minutes of them.
+constexpr size_t kHealthyFigures = 600;
 // The smallest size whose bandwidth says something of a link: below it, latency rules.
 constexpr int64_t kSmallestBucketBytes = int64_t{64} << 10;
 
@@ -90,16 +92,16 @@ std::optional<std::tuple<double, double, double>> BandwidthWatch::measure(const 
   if (static_cast<double>(wall_ns - kind.window.front().done_ns) / 1e9 < settings_.window_s / 2)
     return std::nullopt;
   double bytes = 0, seconds = 0;
-  std::vector<double> each;
   for (const Timed& timed : kind.window) {
     bytes += timed.bus_bytes;
     seconds += timed.seconds;
-    each.push_back(timed.seconds);
   }
-  std::nth_element(each.begin(), each.begin() + static_cast<std::ptrdiff_t>(each.size() / 2), each.end());
   const double span_s = std::max(settings_.window_s / 2,
                                  static_cast<double>(wall_ns - kind.window.front().done_ns) / 1e9);
-  return std::make_tuple(bytes / seconds, each[each.size() / 2], std::min(1.0, seconds / span_s));
+  // The mean, not the median: gloo runs a step's buckets side by side, and the time they share
+  // counts once, with the first to start.
+  return std::make_tuple(bytes / seconds, seconds / static_cast<double>(kind.window.size()),
+                         std::min(1.0, seconds / span_s));
 }
 
 std::optional<std::string> BandwidthWatch::check(Clock::time_point now,
@@ -114,31 +116,41 @@ std::optional<std::string> BandwidthWatch::check(Clock::time_point now,
       kind.window.pop_front();
     const auto measured = measure(kind, wall_ns);
     if (!measured) continue;
-    const auto [busbw, median_s, busy_share] = *measured;
+    const auto [busbw, mean_s, busy_share] = *measured;
     SlowCollective slow;
     std::tie(slow.group, slow.op) = std::tie(std::get<0>(key), std::get<1>(key));
     slow.size = size_bucket_label(std::get<2>(key));
     slow.ranks = kind.ranks;
     slow.busbw_now = busbw;
-    slow.median_s = median_s;
+    slow.mean_s = mean_s;
     slow.busy_share = busy_share;
-    slow.busbw_before = kind.best;
+    // The median of the earlier checks: one lucky window makes no baseline.
+    if (!kind.healthy.empty()) {
+      std::vector<double> earlier(kind.healthy.begin(), kind.healthy.end());
+      std::nth_element(earlier.begin(), earlier.begin() + static_cast<std::ptrdiff_t>(earlier.size() / 2), earlier.end());
+      slow.busbw_before = earlier[earlier.size() / 2];
+    }
     if (floor_ && is_all_reduce(slow.op) && size_bucket(floor_->first) <= std::get<2>(key) &&
         floor_->second > slow.busbw_before) {
       slow.busbw_before = floor_->second;  // --preflight's all-reduce, at this size or smaller.
       slow.before_is_preflight = true;
     }
-    spdlog::debug("bandwidth watch: {} {} {} on group {}: {}, best before {}, median {:.3f} s, busy {:.0f}%",
+    spdlog::debug("bandwidth watch: {} {} {} on group {}: {}, before {}, mean {:.3f} s, busy {:.0f}%",
                   slow.op, slow.size, kind.window.size(), slow.group, gbps(busbw),
-                  gbps(slow.busbw_before), median_s, 100 * busy_share);
+                  gbps(slow.busbw_before), mean_s, 100 * busy_share);
     // A slow kind takes real time: a share of the window, each one at least the minimum.
     const bool slow_now = busbw < settings_.slow_collective_share * slow.busbw_before &&
-                          median_s >= settings_.slow_collective_min_s &&
+                          mean_s >= settings_.slow_collective_min_s &&
                           busy_share >= settings_.min_step_share;
     if (!slow_now) {
-      kind.best = std::max(kind.best, busbw);
+      kind.slow_since_ns.reset();
+      kind.healthy.push_back(busbw);
+      if (kind.healthy.size() > kHealthyFigures) kind.healthy.pop_front();
       continue;
     }
+    // ...and stays slow for half a window: a burst of load on the box is no slow link.
+    if (!kind.slow_since_ns) kind.slow_since_ns = wall_ns;
+    if (static_cast<double>(wall_ns - *kind.slow_since_ns) / 1e9 < settings_.window_s / 2) continue;
     if (!slowest || busbw / slow.busbw_before < slowest->second.busbw_now / slowest->second.busbw_before)
       slowest.emplace(key, std::move(slow));
   }
@@ -153,7 +165,7 @@ std::optional<std::string> BandwidthWatch::check(Clock::time_point now,
   if (!slowest) {
     current_ = false;
     const SlowCollective& ended = episodes_.back();
-    return fmt::format("slow collective gone: {} of {} on group {} runs at over {:.0f}% of its best again",
+    return fmt::format("slow collective gone: {} of {} on group {} runs at over {:.0f}% of its earlier bandwidth again",
                        ended.op, ended.size, ended.group, 100 * settings_.slow_collective_share);
   }
   slowest->second.first_seen = slowest->second.last_seen = wall;
@@ -166,11 +178,11 @@ std::optional<std::string> BandwidthWatch::check(Clock::time_point now,
 std::string BandwidthWatch::describe(const SlowCollective& slow) const {
   return fmt::format(
       "slow collective: {} of {} on group {} (ranks {}) runs at {} bus bandwidth, under {:.0f}% of "
-      "the {} {}; one takes {} (the median), {:.0f}% of the last {:.0f} s",
+      "the {} {}; one takes {} on average, {:.0f}% of the last {:.0f} s",
       slow.op, slow.size, slow.group, ranges(slow.ranks), gbps(slow.busbw_now),
       100 * settings_.slow_collective_share, gbps(slow.busbw_before),
       slow.before_is_preflight ? "that --preflight measured" : "it ran at earlier in this job",
-      duration(slow.median_s), 100 * slow.busy_share, settings_.window_s);
+      duration(slow.mean_s), 100 * slow.busy_share, settings_.window_s);
 }
 
 std::vector<BandwidthFigure> BandwidthWatch::figures() const {

@@ -1,6 +1,6 @@
 // The bandwidth watch: a collective that became slow while the job runs. Each completed
 // collective's bus bandwidth, as nccl-tests computes it, per group, op and size; a kind of
-// collective whose window runs under a share of the best the same job measured earlier (or of
+// collective whose window runs under a share of what the same job measured earlier (or of
 // --preflight's floor) is named, with the ranks in it.
 #pragma once
 
@@ -42,10 +42,10 @@ std::string size_bucket_label(int bucket);
 struct SlowCollective {
   std::string group, op, size;  ///< size: its bucket's label.
   std::vector<int> ranks;
-  double busbw_before = 0;      ///< Bytes/s: the best window earlier in the job, or the floor.
+  double busbw_before = 0;      ///< Bytes/s: the median of the earlier checks, or the floor.
   bool before_is_preflight = false;
   double busbw_now = 0;
-  double median_s = 0;          ///< One collective's time, in the window that named it.
+  double mean_s = 0;            ///< One collective's time, in the window that named it.
   double busy_share = 0;        ///< Of the window spent in these collectives.
   std::chrono::system_clock::time_point first_seen, last_seen;
 };
@@ -81,10 +81,11 @@ class BandwidthWatch {
   struct Kind {
     std::deque<Timed> window;
     std::vector<int> ranks;
-    double best = 0;  ///< Bytes/s: the best full window so far.
+    std::deque<double> healthy;  ///< Bytes/s: each check's full window while it was not slow.
+    std::optional<int64_t> slow_since_ns;
     uint64_t collectives = 0;
   };
-  /// A full window's bandwidth, time per collective and busy share; nullopt when too few.
+  /// A full window's bandwidth, mean time per collective and busy share; nullopt when too few.
   std::optional<std::tuple<double, double, double>> measure(const Kind& kind, int64_t wall_ns) const;
   std::string describe(const SlowCollective& slow) const;
 

@@ -45,7 +45,7 @@ std::filesystem::path agent_socket_in(const std::filesystem::path& runtime_dir) 
 }  // namespace
 
 StallWatch::StallWatch(boost::asio::io_context& io, StallSettings settings, std::string host,
-                       const std::filesystem::path& runtime_dir)
+                       const std::filesystem::path& runtime_dir, std::string node)
     : io_(io),
       settings_(settings),
       host_(std::move(host)),
@@ -58,7 +58,8 @@ StallWatch::StallWatch(boost::asio::io_context& io, StallSettings settings, std:
                 }}),
       init_deadline_(io),
       activity_deadline_(io),
-      collective_check_(io) {}
+      collective_check_(io),
+      links_(io, node.empty() ? host_ : std::move(node)) {}
 
 StallWatch::~StallWatch() { end_attempt(); }
 
@@ -109,6 +110,7 @@ void StallWatch::end_attempt() {
   init_deadline_.cancel();
   activity_deadline_.cancel();
   collective_check_.cancel();
+  links_.cancel();
   collectives_.reset();  // A new attempt starts with fresh progress state.
   if (stragglers_) {
     last_stragglers_ = stragglers_->episodes();
@@ -214,7 +216,22 @@ void StallWatch::check_stragglers() {
   for (const std::string& line : lines) {
     spdlog::warn("{}", line);
     if (hooks_.on_straggler_line) hooks_.on_straggler_line(line);
+    if (line.starts_with("slow collective:")) check_links();
   }
+}
+
+void StallWatch::check_links() {
+  if (!armed_ || !hooks_.workers) return;
+  auto ranks = [this] {
+    std::map<int, pid_t> running;
+    for (const WorkerStatus& worker : hooks_.workers())
+      if (worker.running && worker.pid > 0) running[worker.rank] = worker.pid;
+    return running;
+  };
+  links_.start(ranks, master_port_, [this](const std::string& line) {
+    spdlog::warn("{}", line);
+    if (hooks_.on_straggler_line) hooks_.on_straggler_line(line);
+  });
 }
 
 std::map<int, std::chrono::system_clock::time_point> StallWatch::exiting_ranks() const {

@@ -22,6 +22,7 @@
 #include "launcher/store/init_barrier.hpp"
 #include "launcher/config/launch_config.hpp"
 #include "launcher/stall/stall_report.hpp"
+#include "launcher/stall/link_check.hpp"
 #include "launcher/stall/straggler_watch.hpp"
 #include "launcher/store/tcp_store.hpp"
 #include "launcher/plan/worker_env.hpp"
@@ -53,9 +54,10 @@ struct StallHooks {
 
 class StallWatch {
  public:
-  /// Creates the FileTimer pipe and the helper's socket under `runtime_dir`.
+  /// Creates the FileTimer pipe and the helper's socket under `runtime_dir`. `host` is what the
+  /// ranks' records call this machine; `node` what the lines call this node (--node-name).
   StallWatch(boost::asio::io_context& io, StallSettings settings, std::string host,
-             const std::filesystem::path& runtime_dir);
+             const std::filesystem::path& runtime_dir, std::string node = {});
   ~StallWatch();
 
   /// TORCHELASTIC_TIMER_FILE and MCPRUN_AGENT_SOCKET, for every worker of a StallWatch built on
@@ -83,6 +85,9 @@ class StallWatch {
   std::map<int, std::chrono::system_clock::time_point> exiting_ranks() const;
   /// Every straggler the straggler watch named in this attempt; empty where this node judges none.
   std::vector<StragglerEpisode> stragglers() const;
+  /// A collective was named slow (here, or on the store's node): find whether one of this node's
+  /// ranks sends on the slow link, and say so through on_straggler_line.
+  void check_links();
   /// Every slow collective the bandwidth watch named in this attempt; empty where none.
   std::vector<SlowCollective> slow_collectives() const;
   /// --preflight's all-reduce bus bandwidth at `bytes`: the floor under which it is slow.
@@ -140,6 +145,7 @@ class StallWatch {
   std::vector<SlowCollective> last_slow_collectives_;
   std::optional<std::pair<int64_t, double>> bandwidth_floor_;
   boost::asio::steady_timer collective_check_;
+  LinkCheck links_;
   std::chrono::steady_clock::time_point attempt_start_;
   std::map<int, std::chrono::steady_clock::time_point> last_heartbeat_;
   std::map<std::string, Barrier> barriers_;

@@ -46,6 +46,32 @@ else:
 '''
 
 
+# DDP with 2 MiB of gradients a step, until $DURATION_S; rank 0 leaves a file once it has run
+# $WARM_S, so that the test slows a link after the job measured its collectives at full speed.
+CRAWL = r'''
+import os, time
+import torch, torch.distributed as dist
+dist.init_process_group("gloo", init_method="env://")
+model = torch.nn.parallel.DistributedDataParallel(
+    torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.Linear(512, 512)))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+start = time.monotonic()
+warm = os.path.join(os.environ["MCPRUN_TEST_DIR"], "warm")
+while True:
+    elapsed = torch.tensor([time.monotonic() - start])
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # Every rank stops at the same step.
+    if elapsed.item() > float(os.environ["DURATION_S"]):
+        break
+    if dist.get_rank() == 0 and elapsed.item() > float(os.environ["WARM_S"]):
+        open(warm, "a").close()
+    time.sleep(0.05)  # The step's own compute.
+    optimizer.zero_grad()
+    model(torch.randn(8, 512)).sum().backward()
+    optimizer.step()
+dist.barrier()
+'''
+
+
 def ip(*args, check=True):
     return subprocess.run(["ip", *args], check=check, capture_output=True, text=True)
 
@@ -91,6 +117,13 @@ class NamespaceHosts:
     def link(self, i, state):
         """Cuts ("down") or restores ("up") host i's only link."""
         ip("-n", self.names[i], "link", "set", "eth0", state)
+
+    def rate_limit(self, i, rate):
+        """Host i sends at `rate` at most: a token bucket (this kernel has no netem) whose burst
+        holds a few full frames."""
+        subprocess.run(["ip", "netns", "exec", self.names[i], "tc", "qdisc", "add", "dev", "eth0",
+                        "root", "tbf", "rate", rate, "burst", "16kb", "latency", "500ms"],
+                       check=True, capture_output=True, text=True)
 
     def remove(self):
         for name in [*self.names, self.switch]:
@@ -167,6 +200,33 @@ class AcrossHosts(LauncherTestCase):
         self.assertLess(time.monotonic() - cut, 2 + 3)  # The lease, plus teardown.
         os.killpg(agents[2].pid, signal.SIGTERM)
         agents[2].communicate(timeout=30)
+
+    @unittest.skipUnless(TORCH2, "torch 1.x's recorder-less ranks time no collective")
+    def test_a_rate_limited_link_is_named_as_a_slow_collective_on_every_host(self):
+        self.env.update(DURATION_S="45", WARM_S="15")
+        script = self.script("crawl.py", CRAWL)
+        agents = [self.agent(i, "--straggler-window", "10", "--summary-json",
+                             os.path.join(self.tmp, f"summary.{i}.json"), script)
+                  for i in range(self.HOSTS)]
+        warm = os.path.join(self.tmp, "warm")
+        self.assertTrue(wait_for(lambda: os.path.exists(warm) or any(p.poll() is not None for p in agents), 90))
+        self.net.rate_limit(2, "40mbit")
+        results = [proc.communicate(timeout=150) for proc in agents]
+        errs = [err for _, err in results]
+        for i, proc in enumerate(agents):
+            self.assertEqual(proc.returncode, 0, "\n".join(errs))
+            lines = [line for line in errs[i].splitlines() if "slow collective:" in line]
+            self.assertTrue(lines, f"host{i} named no slow collective: {errs[i]}")
+            found = re.search(r"slow collective: all_reduce of 1 MiB-4 MiB on group 0 \(ranks 0-2\) runs at "
+                              r"([\d.e-]+) GB/s bus bandwidth, under 50% of the ([\d.e-]+) GB/s it ran at earlier", lines[0])
+            self.assertTrue(found, lines[0])
+            # Named while the window still holds some of the fast ones: 40 Mbit/s is 0.005 GB/s.
+            self.assertLess(float(found.group(1)), 0.05, lines[0])
+            # The sending end of the slow link, found by host2's own mcprun, on every console.
+            self.assertRegex(errs[i], r"slow link: rank 2 \(node host2\) sends to 10\.250\.\d+\.\d+:\d+ slowly")
+        with open(os.path.join(self.tmp, "summary.0.json")) as f:
+            slow = [s for s in json.load(f)["slow_collectives"]]
+        self.assertEqual([(s["op"], s["ranks"]) for s in slow][:1], [("all_reduce", [0, 1, 2])])
 
     def collective_hang_on_every_host(self, hang):
         """Runs AFTER_INIT_HANG on every host; returns each node's stderr and summary."""
