@@ -87,7 +87,7 @@ MAX_COLLECTIVES_PER_STEP = 32
 MAX_NAME_CHARS = 80
 # How often the reporter reads its groups' statuses between records, to time completions:
 # gloo's recorder keeps no completion time, NCCL's only the watchdog's. A read costs ~7 us.
-COMPLETION_POLL_S = float(os.environ.get("MCPRUN_COMPLETION_POLL_S", "0.01"))
+COMPLETION_POLL_S = float(os.environ.get("MCPRUN_COMPLETION_POLL_S", "0.02"))
 MAX_COMPLETIONS = 512  # Per group: twice the recorder's entries.
 # Bytes per element of the Flight Recorder's dtype names; an unknown one counts 4.
 DTYPE_BYTES = {"Double": 8, "Long": 8, "ComplexFloat": 8, "ComplexDouble": 16, "Float": 4,
