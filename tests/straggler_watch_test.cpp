@@ -20,6 +20,8 @@ struct Job {
   double step_s = 1.0;
   int64_t elements = 65;
   int64_t bytes = int64_t{4} << 20;  ///< Of each collective, for its bus bandwidth.
+  /// Which collectives the reporters send (past 64 a read, whole blocks of them).
+  std::function<bool(int64_t seq)> kept = [](int64_t) { return true; };
   /// Per collective: from the last arrival to done, s.
   std::function<double(int64_t seq)> transfer_s = [](int64_t) { return 0.01; };
   StragglerSettings settings{.window_s = 20};
@@ -59,6 +61,7 @@ struct Job {
         record.arrivals["0"].group_ranks.resize(static_cast<size_t>(ranks));
         for (int r = 0; r < ranks; ++r) record.arrivals["0"].group_ranks[static_cast<size_t>(r)] = r;
         record.arrivals["0"].step_s = step_s;  // As each rank's reporter finds it.
+        record.arrivals["0"].period = collectives_per_step;
       }
       const int steps = std::max(1, static_cast<int>(1.0 / step_s));
       for (int step = 0; step < steps; ++step) {
@@ -67,7 +70,7 @@ struct Job {
           double last_delay = 0;
           for (int rank = 0; rank < ranks; ++rank) last_delay = std::max(last_delay, delay(rank, seq));
           const int64_t done_ns = start_ns + static_cast<int64_t>((last_delay + transfer_s(seq)) * kSecond);
-          for (int rank = 0; rank < ranks; ++rank) {
+          for (int rank = 0; rank < ranks && kept(seq); ++rank) {
             GroupArrivals::Arrival arrival;
             arrival.seq = seq;
             arrival.created_ns = start_ns + static_cast<int64_t>(delay(rank, seq) * kSecond) + clock_offset(rank);
@@ -241,6 +244,20 @@ TEST(StragglerWatch, ALagThatDoublesIsOneMoreLine) {
   ASSERT_EQ(job.lines.size(), 2u);
   EXPECT_NE(job.lines[1].find("straggler now: rank 1 "), std::string::npos) << job.lines[1];
   EXPECT_NE(job.lines[1].find("300 ms behind"), std::string::npos) << job.lines[1];
+}
+
+TEST(StragglerWatch, ARankIsNamedFromThinnedArrivalsByTheStepsTheyHold) {
+  // 80 collectives a second: the reporters send every other block of 64, so the window spans
+  // twice the steps its samples hold.
+  Job job;
+  job.step_s = 0.05;
+  job.collectives_per_step = 4;
+  job.kept = [](int64_t seq) { return (seq / 64) % 2 == 0; };
+  job.delay = [](int rank, int64_t seq) { return seq % 4 == 0 && rank == 2 ? 0.02 : 0.0; };
+  job.run(40);
+  ASSERT_FALSE(job.lines.empty());
+  EXPECT_NE(job.lines[0].find("straggler: rank 2 (node node-a, local rank 2) arrives last at 100% of the steps"),
+            std::string::npos) << job.lines[0];
 }
 
 TEST(BandwidthWatch, BusFactorsAreNcclTests) {

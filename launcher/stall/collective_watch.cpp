@@ -76,6 +76,7 @@ Expected<ProgressRecord> parse_progress_record(std::string_view text) {
         GroupArrivals& parsed = record.arrivals[group];
         parsed.group_ranks = entry.value("ranks", std::vector<int>{});
         parsed.step_s = entry.value("step_us", 0.0) / 1e6;
+        parsed.period = std::clamp(entry.value("period", 0), 0, 1024);
         const auto ops = entry.value("ops", std::vector<std::string>{});
         for (const auto& arrival : entry.at("c")) {
           GroupArrivals::Arrival& parsed_arrival = parsed.arrivals.emplace_back();

@@ -63,6 +63,7 @@ struct GroupArrivals {
   };
   std::vector<Arrival> arrivals;  ///< By sequence number.
   double step_s = 0;  ///< The rank's step, from the period of the group's collectives; 0: none.
+  int period = 0;     ///< Collectives a step: that period; 0: none.
 };
 
 /// One record of one rank's reporter.

@@ -60,6 +60,7 @@ void StragglerWatch::observe(const ProgressRecord& record, int64_t received_ns, 
 
   for (const auto& [group, arrivals] : record.arrivals) {
     if (arrivals.step_s > 0) steps_[group][record.rank] = arrivals.step_s;
+    if (arrivals.period > 0) periods_[group][record.rank] = arrivals.period;
     auto& reporting = reporting_[group];
     if (std::find(reporting.begin(), reporting.end(), record.rank) == reporting.end())
       reporting.push_back(record.rank);
@@ -223,8 +224,14 @@ std::optional<StragglerEpisode> StragglerWatch::judge(int64_t wall_ns) const {
   // A step holds several collectives (DDP's buckets, the loop's own), and a slow rank holds the
   // others back at the first it reaches after its slow part only: count steps, not collectives.
   const double span_s = static_cast<double>(samples->back().last_created_ns - samples->front().last_created_ns) / 1e9;
-  const double steps = episode.step_s > 0 ? std::max(1.0, span_s / episode.step_s)
-                                          : static_cast<double>(samples->size());
+  double steps = episode.step_s > 0 ? std::max(1.0, span_s / episode.step_s)
+                                    : static_cast<double>(samples->size());
+  // Thinned arrivals hold whole steps of the span only: count the steps the samples hold.
+  if (auto periods = periods_.find(*group); episode.step_s > 0 && periods != periods_.end()) {
+    std::vector<double> each;
+    for (const auto& [rank, period] : periods->second) each.push_back(period);
+    steps = std::min(steps, std::max(1.0, static_cast<double>(samples->size()) / median(std::move(each))));
+  }
   episode.rank = most->first;
   episode.collectives = static_cast<int>(most->second.size());
   episode.share = std::min(1.0, static_cast<double>(most->second.size()) / steps);

@@ -134,6 +134,7 @@ class StragglerWatch {
   std::map<std::string, std::deque<Sample>> samples_;           ///< group -> completed, by age.
   std::map<std::string, std::vector<int>> reporting_;           ///< group -> ranks seen in it.
   std::map<std::string, std::map<int, double>> steps_;          ///< group -> rank -> its step.
+  std::map<std::string, std::map<int, int>> periods_;           ///< ...its collectives a step.
   std::map<int, std::deque<RankRecord>> history_;
   std::map<int, RankInfo> ranks_;
   std::map<int, RankArrivals> arrivals_;

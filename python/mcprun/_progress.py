@@ -468,10 +468,13 @@ class FlightRecorderProbe:
         "ops": [op, ...], "c": [[seq, us after t0, elements, done us after t0 or -1, bytes,
         index in ops, GPU us or -1], ...], "step_us": its step}}}; None when nothing is new.
         A collective still running waits for the next call, so that its completion goes with
-        it. Past MAX_ARRIVALS a group's are thinned to the sequence numbers divisible by a power
-        of two, so that every rank keeps the multiples of the largest stride and the same
-        collectives line up. The step is the period of the sizes of all the recorder holds
-        (DDP's buckets repeat every step). A full read without stack traces costs milliseconds
+        it. Past MAX_ARRIVALS a group's are thinned to whole blocks of MAX_ARRIVALS consecutive
+        sequence numbers, the blocks whose number is divisible by a power of two, so that every
+        rank keeps the multiples of the largest stride and the same collectives line up; whole
+        blocks keep whole steps (a step's collectives repeat with a period that a stride over
+        single sequence numbers would thin by kind: every loop all-reduce kept, every gradient
+        one dropped). The step is the period of the sizes of all the recorder holds (DDP's
+        buckets repeat every step), and "period" how many collectives it holds. A full read without stack traces costs milliseconds
         for the recorder's 256 entries, hence only every ARRIVALS_EVERY records."""
         c10d = sys.modules["torch._C._distributed_c10d"]
         by_group = {}
@@ -504,10 +507,11 @@ class FlightRecorderProbe:
             stride = 1
             while len(new) > MAX_ARRIVALS * stride:
                 stride *= 2
-            kept = [seq for seq in new if seq % stride == 0]
+            kept = [seq for seq in new if (seq // MAX_ARRIVALS) % stride == 0]
             t0 = min([entries[seq][0] for seq in kept] + ([t0] if t0 is not None else []))
+            step_ns, period = step_of(entries)
             groups[group] = {"ranks": self.groups.ranks(group), "kept": kept, "entries": entries,
-                             "step_us": step_of(entries) // 1000}
+                             "step_us": step_ns // 1000, "period": period}
         if not groups:
             return None
         for group in groups.values():
@@ -646,15 +650,15 @@ def outermost_backward(frame):
 
 
 def step_of(entries):
-    """The step in ns from {seq: (created ns, elements)}: the smallest period P at which the
-    collectives' sizes repeat (DDP's buckets, then what the loop adds), and the median time
-    from one to the same one P later; 0 when no period shows."""
+    """(step ns, period) from {seq: (created ns, elements, ...)}: the smallest period P at which
+    the collectives' sizes repeat (DDP's buckets, then what the loop adds), and the median time
+    from one to the same one P later; (0, 0) when no period shows."""
     for period in range(1, MAX_COLLECTIVES_PER_STEP + 1):
         pairs = [(entries[seq], entries[seq + period]) for seq in entries if seq + period in entries]
         steps = sorted(later[0] - first[0] for first, later in pairs if first[1] == later[1])
         if len(pairs) >= 5 and len(steps) >= 0.75 * len(pairs):
-            return steps[len(steps) // 2]
-    return 0
+            return steps[len(steps) // 2], period
+    return 0, 0
 
 
 def element_count(sizes):

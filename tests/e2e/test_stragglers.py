@@ -6,6 +6,7 @@ import glob
 import json
 import os
 import re
+import shutil
 import socket
 import struct
 import subprocess
@@ -26,6 +27,8 @@ import torch.distributed as dist
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 scenario = os.environ["SCENARIO"]
+with open(os.path.join(os.environ["MCPRUN_TEST_DIR"], f"pid.{rank}"), "w") as f:
+    f.write(str(os.getpid()))
 
 class Shard(torch.utils.data.Dataset):
     def __len__(self):
@@ -35,8 +38,9 @@ class Shard(torch.utils.data.Dataset):
             time.sleep(0.02)  # This rank's shard is on a slower disk.
         return torch.randn(64)
 
+# 66 KiB of gradients: large enough for the bandwidth watch to time every step's all-reduce.
 model = torch.nn.parallel.DistributedDataParallel(
-    torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 1)))
+    torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Linear(256, 1)))
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 loader = torch.utils.data.DataLoader(Shard(), batch_size=4)
 end = time.monotonic() + float(os.environ["DURATION_S"])
@@ -47,7 +51,11 @@ for step, batch in enumerate(loader):
         break
     if scenario == "evaluates" and rank == 0 and step % 50 == 49:
         time.sleep(2)  # Rank 0 evaluates now and then while the others wait.
-    if scenario != "short_steps":
+    if scenario == "cpu_bound":
+        busy = time.thread_time() + 0.02  # 20 ms of CPU: slower wherever the CPU is taken.
+        while time.thread_time() < busy:
+            pass
+    elif scenario != "short_steps":
         time.sleep(0.03)  # The step's own compute, alike on every rank.
     optimizer.zero_grad()
     model(batch).sum().backward()
@@ -56,7 +64,7 @@ dist.barrier()
 print(f"rank {rank} done", flush=True)
 '''
 
-class StragglerTest(LauncherTestCase):
+class StragglerCase(LauncherTestCase):
     def launch(self, scenario, duration_s, *flags, nproc=3):
         """Runs the job; returns (code, stderr, summary)."""
         summary_path = os.path.join(self.tmp, "summary.json")
@@ -70,6 +78,8 @@ class StragglerTest(LauncherTestCase):
     def straggler_lines(self, err):
         return [line for line in err.splitlines() if "straggler" in line]
 
+
+class StragglerTest(StragglerCase):
     def test_a_rank_with_a_slower_data_loader_is_named_with_its_loader(self):
         logs = os.path.join(self.tmp, "logs")
         code, err, summary = self.launch("slow_loader", 3 * WINDOW_S, "--log-dir", logs)
@@ -129,6 +139,8 @@ class StragglerTest(LauncherTestCase):
         self.assertEqual(code, 0, err)
         self.assertEqual(self.straggler_lines(err), [])
         self.assertEqual(summary["stragglers"], [])
+        self.assertNotIn("slow collective", err)  # Its all-reduces were timed, and none slowed.
+        self.assertEqual(summary["slow_collectives"], [])
 
     @unittest.skipUnless(TORCH2, "torch 1.x names no straggler")
     def test_every_node_of_a_two_node_job_names_a_straggler_on_the_other(self):
@@ -168,6 +180,12 @@ class StragglerTest(LauncherTestCase):
         self.assertEqual(min(waited, key=waited.get), 1, metrics)
         self.assertEqual(max(last, key=last.get), 1, metrics)
         self.assertGreater(sample(metrics, "mcprun_rank_collectives_total", 0), 20, metrics)
+        # Every step's gradient all-reduce, timed: its bus bandwidth, and how many.
+        kind = r'{group="0",op="all_reduce",size="64 KiB-256 KiB"}'
+        busbw = re.search(r"^mcprun_collective_bus_bandwidth_bytes_per_second" + re.escape(kind) + r" (\S+)$", metrics, re.M)
+        timed = re.search(r"^mcprun_collectives_timed_total" + re.escape(kind) + r" (\S+)$", metrics, re.M)
+        self.assertTrue(busbw and float(busbw.group(1)) > 0, metrics)
+        self.assertGreater(float(timed.group(1)), 5, metrics)
 
     def test_metrics_port_in_use_is_one_line(self):
         taken = socket.socket()
@@ -258,3 +276,43 @@ def scrape(url):
 def sample(metrics, name, rank):
     found = re.search(rf'^{name}{{rank="{rank}",[^}}]*}} (\S+)$', metrics, re.M)
     return float(found.group(1)) if found else float("nan")
+
+
+def load_tests(loader, tests, pattern):
+    """The suite as `unittest test_stragglers` runs it. ctest runs CpuHogTest on its own, with
+    nothing beside it: its busy loops would take the CPU from the suites beside it, and theirs
+    the CPU its rank 0 must have to itself."""
+    return loader.loadTestsFromTestCase(StragglerTest)
+
+
+class CpuHogTest(StragglerCase):
+    """A rank that another process starves of CPU, once the job runs."""
+
+    @unittest.skipUnless(TORCH2, "torch 1.x names no straggler")
+    @unittest.skipUnless(os.cpu_count() >= 2 and shutil.which("taskset"), "needs two CPUs and taskset")
+    def test_a_rank_whose_cpu_a_hog_takes_is_named_starved_with_the_hog(self):
+        # Once the job runs, rank 0 gets CPU 0 to itself; rank 1 shares CPU 1 with four busy loops.
+        summary_path = os.path.join(self.tmp, "summary.json")
+        env = dict(self.env, SCENARIO="cpu_bound", DURATION_S=str(4 * WINDOW_S))
+        proc = self.start("-n", "2", "--straggler-window", str(WINDOW_S), "--summary-json",
+                          summary_path, self.script("train.py", TRAIN), env=env)
+        pid_files = [os.path.join(self.tmp, f"pid.{rank}") for rank in (0, 1)]
+        self.assertTrue(wait_for(lambda: all(map(os.path.exists, pid_files)) or proc.poll() is not None, 60))
+        pids = []
+        for path in pid_files:
+            with open(path) as f:
+                pids.append(f.read().strip())
+        for cpu, pid in zip("01", pids):
+            subprocess.run(["taskset", "-a", "-p", "-c", cpu, pid], check=True, capture_output=True)
+        for _ in range(4):
+            self.procs.append(subprocess.Popen(["taskset", "-c", "1", "sh", "-c", "while :; do :; done"],
+                                               start_new_session=True))
+        _, err = proc.communicate(timeout=4 * WINDOW_S + 120)
+        self.assertEqual(proc.returncode, 0, err)
+        lines = self.straggler_lines(err)
+        self.assertTrue(lines, err)
+        self.assertRegex(lines[0], r"straggler: rank 1 \(node [^,]+, local rank 1\) arrives last")
+        self.assertRegex(lines[0], r"starved of CPU: it waited for a CPU \d+% of the time, the others \d+%")
+        self.assertRegex(lines[0], r"busiest beside it: .*\bsh\b")
+        with open(summary_path) as f:
+            self.assertIn("starved of CPU", json.load(f)["stragglers"][0]["cause"])
