@@ -31,6 +31,10 @@ namespace mcprun {
 
 namespace {
 
+/// A stall notice's share of its rendezvous frame; the rest is room for the type and the node
+/// name the daemon adds when it relays it.
+constexpr size_t kStallNoticeBytes = kMaxFrameBytes - 4096;
+
 /// Each rank's output is also written to files in its run folder.
 bool keeps_log_files(const LaunchConfig& config) {
   const bool streams_to_files = config.redirects.all || config.tee.all ||
@@ -696,7 +700,7 @@ StallHooks Launch::stall_hooks() {
       draw_collectives("stall", notice.what,
                        {notice.collective->missing.begin(), notice.collective->missing.end()});
     if (rendezvous_) {
-      nlohmann::json message = to_json(notice);
+      nlohmann::json message = to_frame_json(notice, kStallNoticeBytes);
       message["type"] = "stall";
       rendezvous_->send(message);
     }

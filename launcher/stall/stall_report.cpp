@@ -53,6 +53,17 @@ nlohmann::json to_json(const StallNotice& notice) {
   return json;
 }
 
+nlohmann::json to_frame_json(const StallNotice& notice, size_t max_bytes) {
+  StallNotice rest = notice;
+  rest.collective.reset();
+  nlohmann::json json = to_json(rest);
+  if (notice.collective) {
+    const size_t used = json.dump().size();
+    json["collective"] = to_compact_json(*notice.collective, max_bytes > used ? max_bytes - used : 0);
+  }
+  return json;
+}
+
 StallNotice stall_notice_from_json(const nlohmann::json& json) {
   StallNotice notice;
   const std::string kind = json.at("kind").get<std::string>();

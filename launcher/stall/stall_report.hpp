@@ -25,6 +25,10 @@ struct StallNotice {
 };
 
 nlohmann::json to_json(const StallNotice& notice);
+/// The notice as one rendezvous frame carries it to every node, in about `max_bytes` at most
+/// whatever the job's size: a collective's rank lists as ranges, its states grouped (see
+/// to_compact_json). stall_notice_from_json reads it.
+nlohmann::json to_frame_json(const StallNotice& notice, size_t max_bytes);
 /// Throws std::exception (a json error, or an unknown kind) on a malformed notice.
 StallNotice stall_notice_from_json(const nlohmann::json& json);
 
