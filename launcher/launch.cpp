@@ -682,8 +682,10 @@ bool Launch::open_store() {
   watch_->observe_store(store_.get());
   // Every rank connects at once at init_process_group: a backlog below that drops connects.
   const auto world_size = static_cast<size_t>(plan_->job.world_size);
+  const auto connections =
+      world_size * static_cast<size_t>(store_connections_per_rank(config_, *plan_));
   if (auto warning = connection_limits_warning(
-          fmt::format("the job store for {} ranks", world_size), world_size, kListenBacklog,
+          fmt::format("the job store for {} ranks", world_size), connections, kListenBacklog,
           host_connection_limits(descriptor_limit_)))
     spdlog::warn("{}", *warning);
   return true;
