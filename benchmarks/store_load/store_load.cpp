@@ -2,7 +2,10 @@
 // 2.x's TCPStore wire protocol to a c10d store (mcprun's or torch's own). scripts/bench-scale
 // drives it; tests/e2e/test_scale.py holds its bytes against torch's real client.
 //
-// Usage: store_load --port PORT [--host 127.0.0.1] [--timeout SECONDS]
+// Usage: store_load --port PORT [--host 127.0.0.1] [--timeout SECONDS] [--sources 64]
+//
+// Against a loopback server the ranks connect from --sources loopback addresses (127.0.0.1 up),
+// as a job's ranks come from many hosts (see from()).
 //
 // Commands come one a line on stdin and run one at a time; each answers one JSON line on stdout
 // ({"phase", "seconds" (null past the timeout), "ranks", "completed", "errors", "error_names",
@@ -17,7 +20,9 @@
 //   progress S      each rank SETs mcprun/progress/<rank> once a second for S seconds, spread over
 //                   each second (a record as mcprun's progress reporter writes it), then PINGs.
 // The end of stdin closes every connection and ends the program.
+#include <netinet/in.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -75,8 +80,9 @@ class LoadGenerator {
  public:
   using Report = std::function<void(const nlohmann::json&)>;
 
-  LoadGenerator(asio::io_context& io, tcp::endpoint server, std::chrono::milliseconds timeout)
-      : io_(io), server_(server), timeout_(timeout), deadline_(io), tick_(io) {}
+  LoadGenerator(asio::io_context& io, tcp::endpoint server, size_t sources,
+                std::chrono::milliseconds timeout)
+      : io_(io), server_(server), sources_(sources), timeout_(timeout), deadline_(io), tick_(io) {}
 
   /// Runs one command line; `report` hears its answer once it ends.
   void run(const std::string& line, Report report) {
@@ -212,11 +218,12 @@ class LoadGenerator {
   void connect(size_t count) {
     if (count == 0) return end(true);
     uint32_t nonce = static_cast<uint32_t>(::getpid());  // torch's client PINGs with its pid.
+    outstanding_ += count;  // All at once: a rank that fails here must not end the phase early.
     for (size_t n = 0; n < count; ++n) {
       ranks_.push_back(std::make_unique<Rank>(io_));
       Rank& rank = *ranks_.back();
       rank.busy = true;
-      ++outstanding_;
+      if (!from(rank, n)) continue;
       rank.socket.async_connect(server_, [this, &rank, nonce](boost::system::error_code ec) {
         if (ec) return fail(rank, ec);
         rank.socket.set_option(tcp::no_delay(true), ec);  // As torch's client and asyncio do.
@@ -228,6 +235,23 @@ class LoadGenerator {
         });
       });
     }
+  }
+
+  /// Opens rank `n`'s socket; against a loopback server, from one of `sources_` loopback
+  /// addresses. From one address, each connect's search for a free local port checks every
+  /// connection already open to the server (the kernel's __inet_check_established: 80 % of the
+  /// generator's CPU at 16K, seconds), a cost of one host holding every rank, never of a job.
+  bool from(Rank& rank, size_t n) {
+    boost::system::error_code ec;
+    rank.socket.open(server_.protocol(), ec);
+    if (!ec && sources_ > 1 && server_.address().is_loopback() && server_.address().is_v4()) {
+      int one = 1;  // The port is chosen at connect, per (source, server) pair.
+      ::setsockopt(rank.socket.native_handle(), IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &one, sizeof one);
+      const uint32_t address = asio::ip::make_address_v4("127.0.0.1").to_uint() + n % sources_;
+      rank.socket.bind(tcp::endpoint(asio::ip::address_v4(address), 0), ec);
+    }
+    if (ec) fail(rank, ec);
+    return !ec;
   }
 
   void barrier(const std::string& prefix) {
@@ -315,6 +339,7 @@ class LoadGenerator {
 
   asio::io_context& io_;
   tcp::endpoint server_;
+  size_t sources_;  ///< Loopback source addresses the ranks connect from (127.0.0.1 up).
   std::chrono::milliseconds timeout_;
   asio::steady_timer deadline_, tick_;
   std::vector<std::unique_ptr<Rank>> ranks_;  // unique_ptr: handlers hold references to them.
@@ -364,18 +389,20 @@ int main(int argc, char** argv) {
   std::string host = "127.0.0.1";
   int port = 0;
   double timeout = 60;
+  size_t sources = 64;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string flag = argv[i];
     if (flag == "--host") host = argv[i + 1];
     else if (flag == "--port") port = std::stoi(argv[i + 1]);
     else if (flag == "--timeout") timeout = std::stod(argv[i + 1]);
+    else if (flag == "--sources") sources = std::max(1ul, std::stoul(argv[i + 1]));
     else {
       std::cerr << "store_load: unknown flag " << flag << "\n";
       return 2;
     }
   }
   if (port <= 0) {
-    std::cerr << "usage: store_load --port PORT [--host HOST] [--timeout SECONDS]\n";
+    std::cerr << "usage: store_load --port PORT [--host HOST] [--timeout SECONDS] [--sources N]\n";
     return 2;
   }
   // One descriptor per rank: as many as the hard limit allows.
@@ -386,7 +413,7 @@ int main(int argc, char** argv) {
   }
   asio::io_context io(1);
   store_load::LoadGenerator generator(
-      io, tcp::endpoint(asio::ip::make_address(host), static_cast<uint16_t>(port)),
+      io, tcp::endpoint(asio::ip::make_address(host), static_cast<uint16_t>(port)), sources,
       std::chrono::milliseconds(static_cast<int64_t>(timeout * 1000)));
   store_load::CommandLoop commands(io, generator);
   commands.next();
