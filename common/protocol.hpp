@@ -21,7 +21,8 @@
 //   lost       daemon->agent  node: that node's agent vanished or went silent past its lease
 //   failed     both ways      job, node, reason: a worker failed; every agent stops its group
 //   error      daemon->agent  message: the request was refused (bad token, timeout, ...)
-//   stall      both ways      kind, what, noticed_on, [barrier, rank, arrived{addr: [ports]},
+//   stall      both ways      kind, what, noticed_on, [barrier, rank, arrived{addr: "ports"},
+//                             arrived_left_out (hosts whose ports did not fit),
 //                             collective{group, op, seq, backend, pending_s, in, missing,
 //                             group_ranks: "0-4095,4097-16383", states[{ranks, state}],
 //                             <list>_left_out, states_left_out}]: the job stalled

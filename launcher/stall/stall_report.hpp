@@ -20,6 +20,7 @@ struct StallNotice {
   std::string barrier;       ///< kBarrier: the helper barrier's name.
   std::optional<int> rank;   ///< kTimer/kHeartbeat/kSilence: the rank that went quiet.
   PeerPorts arrived;         ///< kInit: store connections that reached the init barrier.
+  size_t arrived_left_out = 0;  ///< kInit: hosts whose arrivals did not fit the notice's frame.
   std::optional<CollectiveStall> collective;  ///< kCollective: the collective and every rank.
   std::string noticed_on;    ///< The host that declared it.
 };
