@@ -35,11 +35,30 @@ void FramedSession::start(std::chrono::milliseconds first_message) {
 }
 
 void FramedSession::expect_message_within(std::chrono::milliseconds limit) {
-  deadline_.cancel();
-  if (limit.count() <= 0 || closed_) return;
-  deadline_.expires_after(limit);
+  if (closed_) return;
+  silence_limit_ = limit;
+  heard_at_ = std::chrono::steady_clock::now();
+  if (limit.count() <= 0) {
+    deadline_armed_ = false;
+    deadline_.cancel();
+    return;
+  }
+  // A timer that fires no later than the new deadline is left alone: it looks again when it
+  // fires. Re-arming it on every message cost an idle agent's heartbeat a cancelled handler and
+  // two timer-queue updates, most of rendezvousd's CPU for 16,384 idle agents.
+  if (deadline_armed_ && deadline_.expiry() <= heard_at_ + limit) return;
+  arm_deadline(heard_at_ + limit);
+}
+
+void FramedSession::arm_deadline(std::chrono::steady_clock::time_point at) {
+  deadline_armed_ = true;
+  deadline_.expires_at(at);  // Cancels a wait already armed: its handler sees the abort.
   deadline_.async_wait([self = shared_from_this()](boost::system::error_code ec) {
-    if (ec) return;  // Re-armed or cancelled.
+    if (ec || self->closed_) return;  // Re-armed or cancelled.
+    self->deadline_armed_ = false;
+    const auto due = self->heard_at_ + self->silence_limit_;
+    if (self->silence_limit_.count() <= 0) return;
+    if (due > std::chrono::steady_clock::now()) return self->arm_deadline(due);  // Heard since.
     self->cut("silent for too long");
   });
 }

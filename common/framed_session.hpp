@@ -90,6 +90,8 @@ class FramedSession : public std::enable_shared_from_this<FramedSession> {
   /// Whether the peer is within its message rate; takes one message's allowance.
   bool within_rate();
   void write_next();
+  /// Waits until `at`, then cuts the connection unless a message came since.
+  void arm_deadline(std::chrono::steady_clock::time_point at);
 
   Socket socket_;
   boost::asio::steady_timer deadline_;
@@ -103,6 +105,9 @@ class FramedSession : public std::enable_shared_from_this<FramedSession> {
   std::chrono::steady_clock::time_point allowance_at_;
   bool closed_ = false;
   bool close_after_write_ = false;
+  std::chrono::milliseconds silence_limit_{0};  ///< expect_message_within's; zero: none.
+  std::chrono::steady_clock::time_point heard_at_;  ///< When that limit last began.
+  bool deadline_armed_ = false;  ///< A wait on deadline_ is pending.
 };
 
 /// A connection dialled under a deadline, before a session takes it over.

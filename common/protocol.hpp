@@ -21,9 +21,15 @@
 //   lost       daemon->agent  node: that node's agent vanished or went silent past its lease
 //   failed     both ways      job, node, reason: a worker failed; every agent stops its group
 //   error      daemon->agent  message: the request was refused (bad token, timeout, ...)
-//   stall      both ways      kind, what, noticed_on, [barrier, rank, arrived{addr: [ports]}]:
-//                             the job stalled (launcher/stall/stall_report.hpp); every agent diagnoses,
-//                             dumps stacks and stops its group
+//   stall      both ways      kind, what, noticed_on, [barrier, rank, arrived{addr: "ports"},
+//                             arrived_left_out (hosts whose ports did not fit),
+//                             collective{group, op, seq, backend, pending_s, in, missing,
+//                             group_ranks: "0-4095,4097-16383", states[{ranks, state}],
+//                             <list>_left_out, states_left_out}]: the job stalled
+//                             (launcher/stall/stall_report.hpp); every agent diagnoses, dumps
+//                             stacks and stops its group. A collective's lists are ranges and
+//                             its states grouped, within 60 KiB at any job size (what does not
+//                             fit is counted, not sent)
 //   stall_report both ways    node, ranks[{rank, local_rank, host, pid, level, state, last_line,
 //                             last_line_age_s, stack_file}]: one node's ranks, for every report
 //   barrier    agent->daemon  name, rank: a rank reached helper barrier `name`

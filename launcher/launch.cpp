@@ -31,6 +31,10 @@ namespace mcprun {
 
 namespace {
 
+/// A stall notice's share of its rendezvous frame; the rest is room for the type and the node
+/// name the daemon adds when it relays it.
+constexpr size_t kStallNoticeBytes = kMaxFrameBytes - 4096;
+
 /// Each rank's output is also written to files in its run folder.
 bool keeps_log_files(const LaunchConfig& config) {
   const bool streams_to_files = config.redirects.all || config.tee.all ||
@@ -688,8 +692,10 @@ bool Launch::open_store() {
   watch_->observe_store(store_.get());
   // Every rank connects at once at init_process_group: a backlog below that drops connects.
   const auto world_size = static_cast<size_t>(plan_->job.world_size);
+  const auto connections =
+      world_size * static_cast<size_t>(store_connections_per_rank(config_, *plan_));
   if (auto warning = connection_limits_warning(
-          fmt::format("the job store for {} ranks", world_size), world_size, kListenBacklog,
+          fmt::format("the job store for {} ranks", world_size), connections, kListenBacklog,
           host_connection_limits(descriptor_limit_)))
     spdlog::warn("{}", *warning);
   return true;
@@ -706,7 +712,7 @@ StallHooks Launch::stall_hooks() {
       draw_collectives("stall", notice.what,
                        {notice.collective->missing.begin(), notice.collective->missing.end()});
     if (rendezvous_) {
-      nlohmann::json message = to_json(notice);
+      nlohmann::json message = to_frame_json(notice, kStallNoticeBytes);
       message["type"] = "stall";
       rendezvous_->send(message);
     }

@@ -370,5 +370,69 @@ TEST(CollectiveStall, RoundTripsThroughJson) {
   EXPECT_TRUE(back.mismatch);
 }
 
+/// A 16,384-rank uneven-shards stall: every rank but one in the all_reduce, rank 4096 idle.
+CollectiveStall stall_of_16384_ranks() {
+  CollectiveStall stall;
+  stall.collective = call("all_reduce", 30, "0", {});
+  stall.collective.pending_s = 11;
+  for (int rank = 0; rank < 16384; ++rank) {
+    (rank == 4096 ? stall.missing : stall.in).push_back(rank);
+    stall.states[rank] = rank == 4096 ? "last in user code: train.py:52 in evaluate"
+                                      : "in all_reduce #30 on group 0 (nccl)";
+  }
+  stall.source = "flight_recorder";
+  return stall;
+}
+
+TEST(CollectiveStall, SixteenThousandRanksFitOneRendezvousFrameAsRanges) {
+  const CollectiveStall stall = stall_of_16384_ranks();
+  ASSERT_GT(to_json(stall).dump().size(), 64u * 1024);  // What used to be sent.
+  const nlohmann::json compact = to_compact_json(stall, 60 * 1024);
+  EXPECT_LT(compact.dump().size(), 1024u) << compact.dump();
+  EXPECT_EQ(compact["in"], "0-4095,4097-16383");
+  EXPECT_EQ(compact["missing"], "4096");
+  EXPECT_FALSE(compact.contains("states_left_out"));
+  const CollectiveStall back = collective_stall_from_json(compact);
+  EXPECT_EQ(back.in, stall.in);
+  EXPECT_EQ(back.missing, stall.missing);
+  EXPECT_EQ(back.states, stall.states);
+  EXPECT_EQ(describe(back.collective), "all_reduce #30 on group 0 (gloo)");
+}
+
+TEST(CollectiveStall, StatesThatDoNotFitAreLeftOutAndCounted) {
+  CollectiveStall stall = stall_of_16384_ranks();
+  // Every rank somewhere else, and every other rank missing: the worst case for ranges.
+  stall.in.clear();
+  stall.missing.clear();
+  for (int rank = 0; rank < 16384; ++rank) {
+    (rank % 2 ? stall.missing : stall.in).push_back(rank);
+    stall.states[rank] = "in all_reduce, frame " + std::to_string(rank);
+  }
+  const size_t budget = 60 * 1024;
+  const nlohmann::json compact = to_compact_json(stall, budget);
+  EXPECT_LE(compact.dump().size(), budget);
+  const size_t in_left_out = compact.value("in_left_out", size_t{0});
+  const size_t missing_left_out = compact.value("missing_left_out", size_t{0});
+  EXPECT_GT(in_left_out, 0u);
+  EXPECT_GT(missing_left_out, 0u);
+  const CollectiveStall back = collective_stall_from_json(compact);
+  EXPECT_EQ(back.in.size() + in_left_out, 8192u);
+  EXPECT_EQ(back.missing.size() + missing_left_out, 8192u);
+  EXPECT_EQ(back.states.size() + compact.value("states_left_out", size_t{0}), 16384u);
+  EXPECT_GT(back.states.size(), 0u);  // The budget's rest went to states, one group each.
+}
+
+TEST(CollectiveStall, AnEmptyListRoundTrips) {
+  CollectiveStall stall;
+  stall.collective = call("barrier", 1, "0", {});
+  stall.in = {0, 1};
+  stall.source = "stack";
+  const CollectiveStall back = collective_stall_from_json(to_compact_json(stall, 60 * 1024));
+  EXPECT_TRUE(back.missing.empty());
+  EXPECT_TRUE(back.collective.group_ranks.empty());
+  EXPECT_EQ(back.in, stall.in);
+  EXPECT_THROW(collective_stall_from_json({{"group", "0"}, {"group_ranks", "1-"}}), std::exception);
+}
+
 }  // namespace
 }  // namespace mcprun

@@ -37,11 +37,33 @@ TEST(DescriptorBudget, OnlyTheNodeServingTheStoreCountsTheJobsRanks) {
   LaunchConfig config = parsed({"--nnodes", "4", "-n", "8", "--master-addr", "10.0.0.1"});
   const long master = descriptors_needed(config, plan_of(8, 32, 0), false);
   const long other = descriptors_needed(config, plan_of(8, 32, 1), false);
-  EXPECT_EQ(master - other, 32 * kStoreClientDescriptors);
+  // Torch unknown (2 connections) and the progress reporter's (1), per rank of the job.
+  EXPECT_EQ(master - other, 32 * 3);
   // Through a rendezvous any node may become the master: each counts the most ranks it may serve.
   LaunchConfig elastic = parsed({"--nnodes", "2:4", "-n", "8", "--rdzv-backend", "c10d",
                                  "--rdzv-endpoint", "head:29400"});
   EXPECT_GE(descriptors_needed(elastic, plan_of(8, 8, 0), false), master);
+}
+
+// What `ss -tnp` showed against the store of a two-rank gloo job: each torch 2.13 rank held one
+// connection to it, each torch 1.13 rank two; mcprun's progress reporter opens one more.
+TEST(DescriptorBudget, TheStoreHostCountsWhatTheWorkersTorchOpens) {
+  EXPECT_EQ(torch_store_connections(TorchVersion{2, 13, "2.13.0"}), 1);
+  EXPECT_EQ(torch_store_connections(TorchVersion{2, 1, "2.1.0"}), 1);
+  EXPECT_EQ(torch_store_connections(TorchVersion{2, 0, "2.0.1"}), 2);
+  EXPECT_EQ(torch_store_connections(TorchVersion{1, 13, "1.13.0"}), 2);
+  EXPECT_EQ(torch_store_connections(std::nullopt), 2);
+
+  RankPlan torch2 = plan_of(8, 1024, 0), torch1 = plan_of(8, 1024, 0);
+  torch2.torch = TorchVersion{2, 13, "2.13.0"};
+  torch1.torch = TorchVersion{1, 13, "1.13.0"};
+  const LaunchConfig watched = parsed({"--nnodes", "128", "-n", "8", "--master-addr", "10.0.0.1"});
+  const LaunchConfig unwatched = parsed({"--nnodes", "128", "-n", "8", "--master-addr", "10.0.0.1",
+                                         "--collective-timeout", "off"});
+  EXPECT_EQ(descriptors_needed(watched, torch1, false) - descriptors_needed(watched, torch2, false),
+            1024);
+  EXPECT_EQ(descriptors_needed(watched, torch2, false) - descriptors_needed(unwatched, torch2, false),
+            1024 * kProgressReporterDescriptors);
 }
 
 TEST(DescriptorBudget, StackDumpsAndLogFilesCost) {

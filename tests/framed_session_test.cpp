@@ -8,6 +8,7 @@
 #include <boost/asio/local/stream_protocol.hpp>
 #include <boost/asio/write.hpp>
 
+#include <functional>
 #include <stdexcept>
 
 #include "tests/temp_dir.hpp"
@@ -28,10 +29,13 @@ class EchoSession : public FramedSession {
       : FramedSession(std::move(socket), "test peer", limits), reply_(std::move(reply)) {}
   int messages = 0;
   bool closed_seen = false;
+  std::chrono::milliseconds renew{0};  ///< Each message asks for the next within this.
+  void expect_within(std::chrono::milliseconds limit) { expect_message_within(limit); }
 
  private:
   void on_frame(const nlohmann::json& message) override {
     ++messages;
+    if (renew.count() > 0) expect_message_within(renew);  // As an agent's lease is renewed.
     if (message["type"] == "throw") throw std::runtime_error("handler bug");
     if (!reply_.empty()) send({{"type", "reply"}, {"pad", reply_}});
   }
@@ -66,6 +70,38 @@ TEST(FramedSession, AThrowingHandlerClosesOnlyThatConnection) {
             encode_frame({{"type", "never handled"}}));
   EXPECT_TRUE(pair.run_until_closed());
   EXPECT_EQ(pair.session->messages, 2);
+}
+
+TEST(FramedSession, MessagesKeepADeadlineOpenAndSilenceThenClosesIt) {
+  using std::chrono::milliseconds;
+  Pair pair(SessionLimits{});
+  pair.session->renew = milliseconds(100);
+  pair.session->expect_within(milliseconds(100));
+  // Eight messages 40 ms apart: 280 ms, well past the first deadline, each renewing it.
+  asio::steady_timer tick(pair.io);
+  int sent = 0;
+  std::function<void()> next = [&] {
+    pair.send(encode_frame({{"type", "heartbeat"}}));
+    if (++sent == 8) return;
+    tick.expires_after(milliseconds(40));
+    tick.async_wait([&](boost::system::error_code ec) {
+      if (!ec) next();
+    });
+  };
+  next();
+  EXPECT_TRUE(run_until(pair.io, [&] { return pair.session->messages == 8 || pair.session->closed_seen; },
+                        std::chrono::seconds(5)));
+  EXPECT_FALSE(pair.session->closed_seen) << pair.session->cut_reason;
+  EXPECT_TRUE(pair.run_until_closed());
+  EXPECT_EQ(pair.session->cut_reason, "silent for too long");
+}
+
+TEST(FramedSession, AShorterLimitTakesEffectAtOnce) {
+  Pair pair(SessionLimits{});
+  pair.session->expect_within(std::chrono::seconds(60));
+  pair.session->expect_within(std::chrono::milliseconds(50));  // The timer armed for 60 s is moved.
+  EXPECT_TRUE(pair.run_until_closed());
+  EXPECT_EQ(pair.session->cut_reason, "silent for too long");
 }
 
 TEST(FramedSession, AFloodPastTheMessageRateIsClosed) {

@@ -1,5 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
+#include "common/protocol.hpp"
 #include "launcher/stall/stall_report.hpp"
 
 namespace mcprun {
@@ -77,6 +80,56 @@ TEST(StallReport, CountsRanksOfNodesThatSentNoReport) {
   const std::string report =
       format_stall_report(notice, {rank(0, RankProgress::kArrived, "at barrier 'checkpoint'")}, 4);
   EXPECT_NE(report.find("3 rank(s) on nodes that sent no report"), std::string::npos) << report;
+}
+
+TEST(StallReport, ACollectiveStallOf16384RanksIsOneRendezvousFrame) {
+  StallNotice notice;
+  notice.kind = StallNotice::Kind::kCollective;
+  notice.what = "all_reduce #30 on group 0 (nccl) made no progress for --collective-timeout 10 s";
+  notice.noticed_on = "node-0";
+  CollectiveStall stall;
+  stall.collective = {"0", {}, "all_reduce", 30, "nccl", 11};
+  for (int rank = 0; rank < 16384; ++rank) {
+    (rank == 4096 ? stall.missing : stall.in).push_back(rank);
+    // Distinct states, the worst case: only as many as fit are sent, and the rest counted.
+    stall.states[rank] = "in all_reduce #30 at train.py:" + std::to_string(rank) + " in step";
+  }
+  stall.source = "flight_recorder";
+  notice.collective = stall;
+  nlohmann::json message = to_frame_json(notice, kMaxFrameBytes - 4096);
+  message["type"] = "stall";
+  message["node"] = std::string(255, 'n');  // What the daemon adds, at its longest.
+  EXPECT_LE(encode_frame(message).size(), kFrameHeaderBytes + kMaxFrameBytes);
+  EXPECT_GT(message["collective"].value("states_left_out", 0), 0);
+  const StallNotice back = stall_notice_from_json(message);
+  ASSERT_TRUE(back.collective);
+  EXPECT_EQ(back.collective->missing, std::vector<int>{4096});
+  EXPECT_EQ(back.collective->in.size(), 16383u);
+  EXPECT_EQ(back.what, notice.what);
+}
+
+TEST(StallReport, AnInitStallOf16384RanksIsOneRendezvousFrame) {
+  StallNotice notice;
+  notice.kind = StallNotice::Kind::kInit;
+  notice.what = "the process group's init barrier was not passed within --init-timeout 600 s";
+  // 2,048 hosts of 8 ranks, each rank's store connection from a scattered ephemeral port.
+  for (int host = 0; host < 2048; ++host)
+    for (int rank = 0; rank < 8; ++rank)
+      notice.arrived["10.0." + std::to_string(host / 256) + "." + std::to_string(host % 256)]
+          .push_back(32768 + (host * 7919 + rank * 104729) % 28000);
+  ASSERT_GT(to_json(notice).dump().size(), 64u * 1024);  // What used to be sent.
+  nlohmann::json message = to_frame_json(notice, kMaxFrameBytes - 4096);
+  message["type"] = "stall";
+  message["node"] = std::string(255, 'n');
+  EXPECT_LE(encode_frame(message).size(), kFrameHeaderBytes + kMaxFrameBytes);
+  const StallNotice back = stall_notice_from_json(message);
+  EXPECT_GT(back.arrived_left_out, 0u);
+  EXPECT_EQ(back.arrived.size() + back.arrived_left_out, 2048u);
+  for (const auto& [host, ports] : back.arrived) {
+    std::vector<int> sent = notice.arrived.at(host);
+    std::sort(sent.begin(), sent.end());
+    EXPECT_EQ(ports, sent) << host;
+  }
 }
 
 TEST(StallReport, NoticeAndProgressSurviveTheWire) {

@@ -5,6 +5,16 @@
 
 namespace mcprun {
 
+long torch_store_connections(const std::optional<TorchVersion>& torch) {
+  const bool callback_client = !torch || torch->major < 2 || (torch->major == 2 && torch->minor < 1);
+  return callback_client ? 2 : 1;
+}
+
+long store_connections_per_rank(const LaunchConfig& config, const RankPlan& plan) {
+  return torch_store_connections(plan.torch) +
+         (config.stall.collective_timeout > 0 ? kProgressReporterDescriptors : 0);
+}
+
 long descriptors_needed(const LaunchConfig& config, const RankPlan& plan, bool log_files) {
   const long local_ranks = static_cast<long>(plan.slots.size());
   // The pipes' child ends are gone before a stall's stack dumps open theirs.
@@ -17,8 +27,8 @@ long descriptors_needed(const LaunchConfig& config, const RankPlan& plan, bool l
   else if (plan.job.group_rank == 0)
     store_clients = plan.job.world_size;
   const long rendezvous_peers = config.uses_rendezvous() ? config.max_nodes : 0;
-  return kLauncherDescriptors + local_ranks * per_rank + store_clients * kStoreClientDescriptors +
-         rendezvous_peers;
+  return kLauncherDescriptors + local_ranks * per_rank +
+         store_clients * store_connections_per_rank(config, plan) + rendezvous_peers;
 }
 
 Expected<void> check_descriptor_limit(const LaunchConfig& config, const RankPlan& plan, long needed,

@@ -24,9 +24,16 @@ inline constexpr long kStackDumpDescriptors = 3;
 inline constexpr long kLogFileDescriptors = 2;
 /// Per local rank: its connection to the helper channel (mcprun.heartbeat(), mcprun.barrier()).
 inline constexpr long kHelperDescriptors = 1;
-/// Per rank of the job, on the node that serves the job store: torch 1.13's store client opens
-/// two connections (one for callbacks), 2.13's one.
-inline constexpr long kStoreClientDescriptors = 2;
+/// Per rank of the job, on the node that serves the job store, for torch's own client: one
+/// connection from torch 2.1 on, two before (a second for watch_key's callbacks, removed by
+/// pytorch#105014), and two where the workers' torch is not known. Counted with `ss` against a
+/// gloo job's store: torch 2.13 1, torch 1.13 2.
+long torch_store_connections(const std::optional<TorchVersion>& torch);
+/// Per rank of the job on that node, while the collective watchdog is on: the progress
+/// reporter's own store connection (python/mcprun/_progress.py), beside torch's.
+inline constexpr long kProgressReporterDescriptors = 1;
+/// The store connections one rank of the job opens: torch's and the progress reporter's.
+long store_connections_per_rank(const LaunchConfig& config, const RankPlan& plan);
 
 /// An upper bound on the open files this node's mcprun holds at once for `plan`; `log_files` says
 /// whether each rank's output is also written to files. A rendezvous may make any node the one

@@ -207,8 +207,8 @@ Expected<RankPlan> build_rank_plan(const LaunchConfig& config, std::vector<GpuDe
                          config.max_restarts, nproc, nproc * group_world_size, group_rank,
                          group_world_size, config.virtual_local_rank,
                          format_signal_list(config.signals_to_handle)};
-  plan.job.nccl_async_error_handling =
-      nccl_async_error_handling_variable(workers_torch(config, plan.argv, inherited));
+  plan.torch = workers_torch(config, plan.argv, inherited);
+  plan.job.nccl_async_error_handling = nccl_async_error_handling_variable(plan.torch);
   plan.slots = rank_slots(config, order, nproc, group_rank, plan.pinned);
   if (auto bound = bind_numa(config, order, plan); !bound) return bound.error();
   finish_plan(config, inherited, plan);

@@ -9,6 +9,7 @@
 #include "common/expected.hpp"
 #include "common/topology.hpp"
 #include "launcher/config/launch_config.hpp"
+#include "launcher/plan/torch_version.hpp"
 #include "launcher/plan/worker_env.hpp"
 
 namespace mcprun {
@@ -27,6 +28,7 @@ struct RankPlan {
   bool pinned = false;            ///< Workers get CUDA_VISIBLE_DEVICES.
   Environment extra_env;          ///< Job-wide additions, such as the socket interface.
   bool nccl_log_files = false;    ///< --nccl-debug: NCCL writes each rank's log in its folder.
+  std::optional<TorchVersion> torch;  ///< The workers' torch, where found: what its client opens.
   std::vector<std::string> warnings;
 };
 

@@ -4,7 +4,11 @@
 
 #include <algorithm>
 #include <set>
+#include <stdexcept>
 #include <tuple>
+#include <utility>
+
+#include "common/topology.hpp"
 
 namespace mcprun {
 namespace {
@@ -115,6 +119,40 @@ std::string last_call(const ProgressRecord& last) {
                                             : describe(last.pending.front()));
 }
 
+namespace {
+
+/// A state's text in the compact form at most: a few innermost frames fit.
+constexpr size_t kMaxStateBytes = 512;
+
+/// "0-3,5" in `max_bytes` at most: a longer list ends at a whole range, and the ranks it left
+/// out are counted.
+std::pair<std::string, size_t> bounded_rank_list(std::vector<int> ranks, size_t max_bytes) {
+  std::sort(ranks.begin(), ranks.end());
+  ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+  std::string text;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    std::string range = std::to_string(ranks[i]);
+    if (j > i) range += '-' + std::to_string(ranks[j]);
+    if (text.size() + range.size() + 1 > max_bytes) return {text, ranks.size() - i};
+    if (!text.empty()) text += ',';
+    text += range;
+    i = j + 1;
+  }
+  return {text, 0};
+}
+
+/// A rank list in either form: an array of numbers, or ranges in one string.
+std::vector<int> rank_list_from_json(const nlohmann::json& json) {
+  if (!json.is_string()) return json.get<std::vector<int>>();
+  auto ranks = parse_cpulist(json.get<std::string>());
+  if (!ranks) throw std::invalid_argument("a malformed rank list: " + json.get<std::string>());
+  return *ranks;
+}
+
+}  // namespace
+
 nlohmann::json to_json(const CollectiveStall& stall) {
   const PendingCollective& c = stall.collective;
   nlohmann::json states = nlohmann::json::object();
@@ -125,20 +163,75 @@ nlohmann::json to_json(const CollectiveStall& stall) {
           {"mismatch", stall.mismatch}, {"source", stall.source}, {"in_backward", c.in_backward}};
 }
 
+nlohmann::json to_compact_json(const CollectiveStall& stall, size_t max_bytes) {
+  const PendingCollective& c = stall.collective;
+  nlohmann::json json{{"group", c.group},
+                      {"op", c.op},
+                      {"seq", c.seq},
+                      {"backend", c.backend},
+                      {"pending_s", c.pending_s},
+                      {"mismatch", stall.mismatch},
+                      {"source", stall.source},
+                      {"in_backward", c.in_backward}};
+  // A quarter of the frame for each list at most: only a pathological pattern (every other
+  // rank) comes near it; the states take what is left.
+  const size_t list_bytes = max_bytes / 4;
+  for (auto [name, ranks] : {std::pair{"group_ranks", &c.group_ranks}, std::pair{"in", &stall.in},
+                             std::pair{"missing", &stall.missing}}) {
+    auto [text, left_out] = bounded_rank_list(*ranks, list_bytes);
+    json[name] = std::move(text);
+    if (left_out) json[std::string(name) + "_left_out"] = left_out;
+  }
+  std::map<std::string_view, std::vector<int>> by_state;
+  for (const auto& [rank, state] : stall.states) by_state[state].push_back(rank);
+  std::vector<std::pair<std::string_view, std::vector<int>>> groups(by_state.begin(), by_state.end());
+  std::stable_sort(groups.begin(), groups.end(),
+                   [](const auto& a, const auto& b) { return a.second.size() > b.second.size(); });
+  // Room kept for the "states" key and its "states_left_out" count, added below.
+  size_t used = json.dump().size() + 64;
+  size_t left_out = 0;
+  nlohmann::json states = nlohmann::json::array();
+  for (const auto& [state, ranks] : groups) {
+    const size_t room = max_bytes > used ? max_bytes - used : 0;
+    auto [text, cut] = bounded_rank_list(ranks, room);
+    nlohmann::json group{{"ranks", std::move(text)},
+                         {"state", std::string(state.substr(0, kMaxStateBytes))}};
+    const size_t size = group.dump().size() + 1;
+    if (cut == ranks.size() || size > room) {
+      left_out += ranks.size();
+      continue;
+    }
+    left_out += cut;
+    used += size;
+    states.push_back(std::move(group));
+  }
+  json["states"] = std::move(states);
+  if (left_out) json["states_left_out"] = left_out;
+  return json;
+}
+
 CollectiveStall collective_stall_from_json(const nlohmann::json& json) {
   CollectiveStall stall;
   PendingCollective& c = stall.collective;
   c.group = json.at("group");
-  c.group_ranks = json.at("group_ranks").get<std::vector<int>>();
+  c.group_ranks = rank_list_from_json(json.at("group_ranks"));
   c.op = json.at("op");
   c.seq = json.at("seq");
   c.backend = json.at("backend");
   c.pending_s = json.at("pending_s");
   c.in_backward = json.value("in_backward", false);
-  stall.in = json.at("in").get<std::vector<int>>();
-  stall.missing = json.at("missing").get<std::vector<int>>();
-  for (const auto& [rank, state] : json.at("states").items())
-    stall.states[std::stoi(rank)] = state.get<std::string>();
+  stall.in = rank_list_from_json(json.at("in"));
+  stall.missing = rank_list_from_json(json.at("missing"));
+  const nlohmann::json& states = json.at("states");
+  if (states.is_array()) {  // The compact form: [{"ranks": "0-3,7", "state": "..."}].
+    for (const nlohmann::json& group : states) {
+      const std::string state = group.at("state").get<std::string>();
+      for (int rank : rank_list_from_json(group.at("ranks"))) stall.states[rank] = state;
+    }
+  } else {
+    for (const auto& [rank, state] : states.items())
+      stall.states[std::stoi(rank)] = state.get<std::string>();
+  }
   stall.mismatch = json.at("mismatch");
   stall.source = json.at("source");
   return stall;

@@ -99,7 +99,11 @@ struct CollectiveStall {
 };
 
 nlohmann::json to_json(const CollectiveStall& stall);
-/// Throws std::exception (a json error) on a malformed stall.
+/// The stall in about `max_bytes` of JSON at most, for one rendezvous frame at any job size: rank
+/// lists as ranges ("0-4095,4097-16383"), the states grouped by text, the most ranks first.
+/// What does not fit is left out and counted: "<list>_left_out" ranks, "states_left_out" ranks.
+nlohmann::json to_compact_json(const CollectiveStall& stall, size_t max_bytes);
+/// Reads both forms; throws std::exception (a json error) on a malformed stall.
 CollectiveStall collective_stall_from_json(const nlohmann::json& json);
 /// "all_reduce #30 on group 0 (gloo)": the collective as the report names it.
 std::string describe(const PendingCollective& collective);

@@ -53,6 +53,38 @@ nlohmann::json to_json(const StallNotice& notice) {
   return json;
 }
 
+nlohmann::json to_frame_json(const StallNotice& notice, size_t max_bytes) {
+  StallNotice rest = notice;
+  rest.collective.reset();
+  rest.arrived.clear();
+  nlohmann::json json = to_json(rest);
+  if (!notice.arrived.empty()) {
+    // Each host's ports as ranges, hosts in order while they fit half the frame; the rest are
+    // counted, and their nodes say that they cannot tell.
+    nlohmann::json arrived = nlohmann::json::object();
+    size_t used = json.dump().size(), left_out = notice.arrived_left_out;
+    for (const auto& [host, ports] : notice.arrived) {
+      std::vector<int> sorted = ports;
+      std::sort(sorted.begin(), sorted.end());
+      std::string list = format_cpulist(sorted);
+      const size_t size = host.size() + list.size() + 8;
+      if (used + size > max_bytes / 2) {
+        ++left_out;
+        continue;
+      }
+      used += size;
+      arrived[host] = std::move(list);
+    }
+    json["arrived"] = std::move(arrived);
+    if (left_out) json["arrived_left_out"] = left_out;
+  }
+  if (notice.collective) {
+    const size_t used = json.dump().size();
+    json["collective"] = to_compact_json(*notice.collective, max_bytes > used ? max_bytes - used : 0);
+  }
+  return json;
+}
+
 StallNotice stall_notice_from_json(const nlohmann::json& json) {
   StallNotice notice;
   const std::string kind = json.at("kind").get<std::string>();
@@ -63,7 +95,18 @@ StallNotice stall_notice_from_json(const nlohmann::json& json) {
   notice.noticed_on = json.value("noticed_on", std::string());
   notice.barrier = json.value("barrier", std::string());
   if (json.contains("rank")) notice.rank = json.at("rank").get<int>();
-  notice.arrived = json.value("arrived", PeerPorts{});
+  if (json.contains("arrived")) {
+    for (const auto& [host, ports] : json.at("arrived").items()) {
+      if (!ports.is_string()) {
+        notice.arrived[host] = ports.get<std::vector<int>>();
+        continue;
+      }
+      auto parsed = parse_cpulist(ports.get<std::string>());
+      if (!parsed) throw std::invalid_argument("malformed ports of " + host);
+      notice.arrived[host] = std::move(*parsed);
+    }
+  }
+  notice.arrived_left_out = json.value("arrived_left_out", size_t{0});
   if (json.contains("collective")) notice.collective = collective_stall_from_json(json.at("collective"));
   return notice;
 }

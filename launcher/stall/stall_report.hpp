@@ -20,11 +20,16 @@ struct StallNotice {
   std::string barrier;       ///< kBarrier: the helper barrier's name.
   std::optional<int> rank;   ///< kTimer/kHeartbeat/kSilence: the rank that went quiet.
   PeerPorts arrived;         ///< kInit: store connections that reached the init barrier.
+  size_t arrived_left_out = 0;  ///< kInit: hosts whose arrivals did not fit the notice's frame.
   std::optional<CollectiveStall> collective;  ///< kCollective: the collective and every rank.
   std::string noticed_on;    ///< The host that declared it.
 };
 
 nlohmann::json to_json(const StallNotice& notice);
+/// The notice as one rendezvous frame carries it to every node, in about `max_bytes` at most
+/// whatever the job's size: a collective's rank lists as ranges, its states grouped (see
+/// to_compact_json). stall_notice_from_json reads it.
+nlohmann::json to_frame_json(const StallNotice& notice, size_t max_bytes);
 /// Throws std::exception (a json error, or an unknown kind) on a malformed notice.
 StallNotice stall_notice_from_json(const nlohmann::json& json);
 

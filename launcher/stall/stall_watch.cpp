@@ -375,15 +375,20 @@ std::vector<RankProgress> StallWatch::diagnose(const StallNotice& notice,
       progress.state = "ended early: " + worker.ended;
     } else if (notice.kind == StallNotice::Kind::kInit) {
       const std::vector<SocketEnd> ends = connections_to_port(worker.pid, master_port_);
-      bool arrived = false;
-      for (const SocketEnd& end : ends)
+      bool arrived = false, unknown = false;
+      for (const SocketEnd& end : ends) {
         if (auto ports = notice.arrived.find(end.address); ports != notice.arrived.end())
           arrived |= std::find(ports->second.begin(), ports->second.end(), end.port) != ports->second.end();
+        else
+          unknown |= notice.arrived_left_out > 0;  // Its host's arrivals did not fit the notice.
+      }
       progress.level = arrived ? RankProgress::kArrived
                        : ends.empty() ? RankProgress::kNotConnected
                                       : RankProgress::kConnected;
       progress.state = arrived       ? "at the init barrier"
                        : ends.empty() ? "never connected to the store"
+                       : unknown      ? "connected; at the init barrier or not, the notice did "
+                                        "not say (its host's arrivals did not fit it)"
                                       : "connected, not at the init barrier";
     } else if (notice.kind == StallNotice::Kind::kBarrier) {
       auto barrier = barriers_.find(notice.barrier);

@@ -2,6 +2,7 @@
 the load generator of scripts/bench-scale, and the one-line warnings where the host's limits
 (descriptors, listen backlog) cannot hold the configured size."""
 import asyncio
+import json
 import os
 import re
 import resource
@@ -19,6 +20,9 @@ sys.path.insert(0, os.path.join(REPO, "scripts"))
 import store_load  # noqa: E402  (scripts/ is not a package)
 
 RENDEZVOUSD = os.environ.get("RENDEZVOUSD", os.path.join(os.path.dirname(MCPRUN), "../rendezvousd/rendezvousd"))
+# The C++ load generator (benchmarks/store_load), built beside mcprun.
+STORE_LOAD = os.environ.get("STORE_LOAD", os.path.join(os.path.dirname(MCPRUN),
+                                                       "../benchmarks/store_load/store_load"))
 TORCH2_PYTHON = os.path.join(REPO, ".venv", "bin", "python")
 RANKS = 4096
 PHASE_TIMEOUT = 60  # Seconds any one phase may take on a loaded box; a few on an idle one.
@@ -29,6 +33,17 @@ def first_line(stream, timeout):
     """The next line of `stream` (bytes when it is unbuffered), or empty past `timeout`."""
     ready, _, _ = select.select([stream], [], [], timeout)
     return stream.readline() if ready else ""
+
+
+def torch_calls_bytes(nonce):
+    """What torch 2.x's client sends for VALIDATE, PING, a size-1 barrier and a size-1 init pattern:
+    add, set, wait, then set and get (torch's get is a WAIT and a GET)."""
+    return (struct.pack("<BI", store_load.VALIDATE, store_load.MAGIC) +
+            struct.pack("<BI", store_load.PING, nonce) +
+            store_load.request_add("b/count", 1) + store_load.request_set("b/last", b"1") +
+            store_load.request_wait(["b/last"]) +
+            store_load.request_set("init/0", store_load.VALUE) +
+            store_load.request_wait(["init/0"]) + store_load.request_get("init/0"))
 
 
 def descriptors_for(count):
@@ -140,6 +155,69 @@ class StoreAtScaleTest(LauncherTestCase):
         self.assertIn(f"max_connections {RANKS}", warnings[0])
         self.assertIn("ulimit -n is 1024", warnings[0])
         self.assertIn("the listen backlog asked for is 1024", warnings[0])
+
+    def run_cpp_load(self, port, commands, timeout=PHASE_TIMEOUT):
+        """Runs the C++ generator's commands against `port`; returns (its pid, its answers)."""
+        load = subprocess.run([STORE_LOAD, "--port", str(port), "--timeout", str(timeout)],
+                              input="".join(command + "\n" for command in commands),
+                              capture_output=True, text=True, timeout=timeout * len(commands) + 30)
+        self.assertEqual(load.returncode, 0, load.stderr)
+        return [json.loads(line) for line in load.stdout.splitlines()]
+
+    def torch_client_bytes(self, port):
+        """The bytes torch 2.13's own client sends for torch_calls_bytes' calls, and its pid."""
+        proxy = RecordingProxy(port)
+        client = subprocess.run([TORCH2_PYTHON, "-c", f'''
+import datetime, os, torch.distributed as dist
+store = dist.TCPStore("127.0.0.1", {proxy.port}, None, False, datetime.timedelta(seconds=30),
+                      wait_for_workers=False)
+assert store.add("b/count", 1) == 1
+store.set("b/last", b"1")
+store.wait(["b/last"])
+store.set("init/0", b"v" * 64)
+assert store.get("init/0") == b"v" * 64
+print(os.getpid())
+'''], capture_output=True, text=True, timeout=120)
+        self.assertEqual(client.returncode, 0, client.stderr)
+        proxy.close()
+        return bytes(proxy.sent), int(client.stdout.split()[-1]) & 0xFFFFFFFF
+
+    def test_cpp_load_generator_sends_the_bytes_torch_2_client_sends(self):
+        if not os.path.exists(TORCH2_PYTHON):
+            self.skipTest("no torch 2.13 (.venv)")
+        if not os.path.exists(STORE_LOAD):
+            self.skipTest(f"no load generator at {STORE_LOAD} (built with mcprun)")
+        proc, port = self.start_store()
+        torch_sent, torch_pid = self.torch_client_bytes(port)
+        self.assertEqual(torch_sent.hex(), torch_calls_bytes(torch_pid).hex())
+        self.stop(proc)
+        proc, port = self.start_store()  # Fresh: the barrier's count starts at 0 again.
+        proxy = RecordingProxy(port)
+        load = subprocess.Popen([STORE_LOAD, "--port", str(proxy.port), "--timeout", "30"],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.procs.append(load)
+        out, _ = load.communicate("connect 1\nbarrier b\ninit\n", timeout=120)
+        proxy.close()
+        answers = [json.loads(line) for line in out.splitlines()]
+        self.assertEqual([(a["phase"], a["completed"], a["errors"]) for a in answers],
+                         [("connect", 1, 0), ("barrier", 1, 0), ("init", 1, 0)])
+        # The same calls, the same bytes: only PING's nonce differs, each client's pid.
+        self.assertEqual(bytes(proxy.sent).hex(), torch_calls_bytes(load.pid).hex())
+        self.stop(proc)
+
+    def test_4096_ranks_through_the_cpp_load_generator_without_a_reset(self):
+        if not descriptors_for(RANKS):
+            self.skipTest(f"the hard open-file limit cannot hold {RANKS} connections")
+        if not os.path.exists(STORE_LOAD):
+            self.skipTest(f"no load generator at {STORE_LOAD} (built with mcprun)")
+        proc, port = self.start_store("--ranks", str(RANKS))
+        answers = self.run_cpp_load(port, [f"connect {RANKS}", "barrier b", "init"])
+        for answer in answers:
+            self.assertIsNotNone(answer["seconds"], answer)
+            self.assertEqual((answer["completed"], answer["errors"], answer["lost"]), (RANKS, 0, 0),
+                             answer)
+        self.assertIsNone(proc.poll())
+        self.stop(proc)
 
     def test_load_generator_sends_the_bytes_torch_2_client_sends(self):
         if not os.path.exists(TORCH2_PYTHON):
