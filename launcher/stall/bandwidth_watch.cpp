@@ -9,8 +9,9 @@
 namespace mcprun {
 namespace {
 
-// Fewer collectives than this in a window are no figure of a kind's bandwidth.
-constexpr size_t kMinTimedCollectives = 10;
+// Fewer timed collectives than this in a window are no figure of a kind's bandwidth (a quarter
+// of them are timed).
+constexpr size_t kMinTimedCollectives = 5;
 // Checks whose figures make the earlier bandwidth: ten minutes of them.
 constexpr size_t kHealthyFigures = 600;
 // The smallest size whose bandwidth says something of a link: below it, latency rules.
