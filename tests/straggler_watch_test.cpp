@@ -302,6 +302,16 @@ TEST(BandwidthWatch, ItsEndIsSaidOnce) {
   EXPECT_EQ(job.lines[1], "slow collective gone: all_reduce of 4 MiB-16 MiB on group 0 runs at over 50% of its earlier bandwidth again");
 }
 
+TEST(BandwidthWatch, CollectivesThatStopAreNotSaidToBeFastAgain) {
+  // Slow from the 30th; past the 70th the job runs none (its last steps, or a stall).
+  Job job;
+  job.transfer_s = [](int64_t seq) { return seq < 30 ? 0.01 : 0.5; };
+  job.kept = [](int64_t seq) { return seq < 70; };
+  job.run(120);
+  ASSERT_EQ(job.lines.size(), 1u) << job.lines.back();
+  EXPECT_NE(job.lines[0].find("slow collective: all_reduce"), std::string::npos) << job.lines[0];
+}
+
 TEST(BandwidthWatch, ARankThatArrivesLateMakesNoCollectiveSlow) {
   // Its peers wait for it in the collective; the transfer itself takes as long as ever.
   Job job;

@@ -109,6 +109,7 @@ std::optional<std::string> BandwidthWatch::check(Clock::time_point now,
                                                  std::chrono::system_clock::time_point wall) {
   const int64_t wall_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(wall.time_since_epoch()).count();
   std::optional<std::pair<Key, SlowCollective>> slowest;
+  bool recovered = false;  // The slow kind was measured, and not slow.
   for (auto& [key, kind] : kinds_) {
     std::sort(kind.window.begin(), kind.window.end(),
               [](const Timed& a, const Timed& b) { return a.done_ns < b.done_ns; });
@@ -144,6 +145,7 @@ std::optional<std::string> BandwidthWatch::check(Clock::time_point now,
                           mean_s >= settings_.slow_collective_min_s &&
                           busy_share >= settings_.min_step_share;
     if (!slow_now) {
+      recovered |= current_ && key == current_key_;
       kind.slow_since_ns.reset();
       kind.healthy.push_back(busbw);
       if (kind.healthy.size() > kHealthyFigures) kind.healthy.pop_front();
@@ -159,6 +161,8 @@ std::optional<std::string> BandwidthWatch::check(Clock::time_point now,
     episodes_.back().last_seen = wall;
     return std::nullopt;
   }
+  // A window that emptied (the job ended its steps, or stalls) says neither slow nor gone.
+  if (current_ && !recovered) return std::nullopt;
   if (!slowest && !current_) return std::nullopt;
   if (last_line_ && std::chrono::duration<double>(now - *last_line_).count() < settings_.window_s)
     return std::nullopt;

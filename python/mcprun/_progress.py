@@ -478,8 +478,9 @@ class FlightRecorderProbe:
         blocks keep whole steps (a step's collectives repeat with a period that a stride over
         single sequence numbers would thin by kind: every loop all-reduce kept, every gradient
         one dropped). The step is the period of the sizes of all the recorder holds (DDP's
-        buckets repeat every step), and "period" how many collectives it holds. A full read without stack traces costs milliseconds
-        for the recorder's 256 entries, hence only every ARRIVALS_EVERY records."""
+        buckets repeat every step), and "period" how many collectives it holds. A full read
+        without stack traces costs milliseconds for the recorder's 256 entries, hence only every
+        ARRIVALS_EVERY records."""
         c10d = sys.modules["torch._C._distributed_c10d"]
         by_group = {}
         for name in self.recording:
