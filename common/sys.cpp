@@ -1,5 +1,7 @@
 #include "common/sys.hpp"
 
+#include <fmt/format.h>
+
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -7,6 +9,7 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <iterator>
 
 extern char** environ;
 
@@ -74,6 +77,20 @@ std::string signal_name(int signal) {
 std::string describe_exit(int exit_code, int signal) {
   if (signal != 0) return signal_name(signal) + " (signal " + std::to_string(signal) + ")";
   return "exit code " + std::to_string(exit_code);
+}
+
+std::string human_duration(double seconds) {
+  return seconds < 1 ? fmt::format("{:.0f} ms", seconds * 1000) : fmt::format("{:.1f} s", seconds);
+}
+
+std::string human_bytes(double bytes) {
+  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  size_t unit = 0;
+  while (unit + 1 < std::size(kUnits) && bytes >= 1024) {
+    bytes /= 1024;
+    ++unit;
+  }
+  return fmt::format("{:.3g} {}", bytes, kUnits[unit]);
 }
 
 std::string utc_timestamp(std::chrono::system_clock::time_point time) {

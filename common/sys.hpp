@@ -42,6 +42,11 @@ std::string signal_name(int signal);
 /// "exit code 3", or "SIGKILL (signal 9)" for a process a signal ended.
 std::string describe_exit(int exit_code, int signal);
 
+/// "42 ms" under a second, "1.5 s" from one: how the lines a person reads give a duration.
+std::string human_duration(double seconds);
+/// "64 KiB", "3.1 MiB", "16 GiB": three significant digits in the largest binary unit that fits.
+std::string human_bytes(double bytes);
+
 /// "2026-12-03T13:53:17Z": error files, reports and stack dumps all stamp time this way.
 std::string utc_timestamp(std::chrono::system_clock::time_point time = std::chrono::system_clock::now());
 

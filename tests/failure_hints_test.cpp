@@ -142,7 +142,7 @@ TEST(FailureHints, OutOfMemoryNamesTheGpuAndTheOtherProcessesOnIt) {
   const std::string text = hint(0, torch2, two_gpu_job(true), fake.probes);
   EXPECT_NE(text.find("its cuda:0, GPU 0000:00:06.0 (GPU-c94f22be-4c83-5fa0-46a4-3db114166912), "
                       "asking for 400.00 GiB"), std::string::npos) << text;
-  EXPECT_NE(text.find("pid 4242 (python3), 80.0 GiB"), std::string::npos) << text;
+  EXPECT_NE(text.find("pid 4242 (python3), 80 GiB"), std::string::npos) << text;
   EXPECT_EQ(text.find("pid 1000"), std::string::npos) << text;  // The job's own rank is no stranger.
   EXPECT_EQ(fake.nvml_asked, (Lines{"0000:00:06.0"}));
   // torch 1.13's wording, on the rank's cuda:1 (the second GPU it sees).

@@ -356,7 +356,7 @@ TEST(LinkSamples, TheConnectionWhoseSendQueueStaysFullIsTheSlowLink) {
   }
   EXPECT_EQ(samples.verdict("c", kLinkSamples),
             "slow link: rank 2 (node c) sends to 10.0.0.1:41000 slowly: its connection's send queue "
-            "held 3.0 MiB on average over 2 s, data that the link had not carried yet");
+            "held 3 MiB on average over 2 s, data that the link had not carried yet");
 }
 
 TEST(LinkSamples, QueuesThatDrainNameNoLink) {

@@ -10,6 +10,8 @@
 #include <regex>
 #include <sstream>
 
+#include "common/sys.hpp"
+
 namespace mcprun {
 namespace {
 
@@ -29,11 +31,6 @@ struct Signature {
   std::regex pattern;
   Explain explain;
 };
-
-std::string human_bytes(std::uintmax_t bytes) {
-  if (bytes >= (1ULL << 30)) return fmt::format("{:.1f} GiB", static_cast<double>(bytes) / (1ULL << 30));
-  return fmt::format("{:.0f} MiB", static_cast<double>(bytes) / (1ULL << 20));
-}
 
 std::string describe(const GpuDevice& gpu) {
   return gpu.uuid.empty() ? gpu.bus_id : gpu.bus_id + " (" + gpu.uuid + ")";
@@ -127,8 +124,8 @@ std::string invalid_ordinal(const std::smatch&, const HintInput& input) {
 std::string shared_memory(const std::smatch& match, const HintInput& input) {
   const std::string bytes = match[3].matched ? match[3].str() : match[4].str();
   const auto space = input.probes.shm_space ? input.probes.shm_space() : std::nullopt;
-  const std::string free = space ? fmt::format("/dev/shm has {} free of {}", human_bytes(space->free),
-                                               human_bytes(space->total))
+  const std::string free = space ? fmt::format("/dev/shm has {} free of {}", human_bytes(static_cast<double>(space->free)),
+                                               human_bytes(static_cast<double>(space->total)))
                                  : "/dev/shm could not be read";
   const std::string remedy = "give /dev/shm more room (docker run --shm-size=8g; docker's default "
                              "is 64 MB), or set NCCL_SHM_DISABLE=1 at a cost in speed";
@@ -175,7 +172,7 @@ std::string out_of_memory(const std::smatch& match, const HintInput& input) {
     if (ours) continue;
     std::string command = input.probes.command_of ? input.probes.command_of(process.pid) : "";
     others.push_back(fmt::format("pid {}{}{}", process.pid, command.empty() ? "" : " (" + command + ")",
-                                 process.used_bytes ? ", " + human_bytes(process.used_bytes) : ""));
+                                 process.used_bytes ? ", " + human_bytes(static_cast<double>(process.used_bytes)) : ""));
   }
   if (others.empty())
     return text + "; NVML lists no other process holding memory on it: the rank alone asks for "

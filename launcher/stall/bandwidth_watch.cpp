@@ -6,6 +6,9 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/sys.hpp"
+#include "common/topology.hpp"
+
 namespace mcprun {
 namespace {
 
@@ -22,29 +25,6 @@ bool contains(const std::string& text, const char* part) { return text.find(part
 bool is_all_reduce(const std::string& op) { return contains(op, "all_reduce") || contains(op, "allreduce"); }
 
 std::string gbps(double bytes_per_s) { return fmt::format("{:.3g} GB/s", bytes_per_s / 1e9); }
-
-std::string human_bytes(int64_t bytes) {
-  if (bytes >= int64_t{1} << 30) return fmt::format("{} GiB", bytes >> 30);
-  if (bytes >= int64_t{1} << 20) return fmt::format("{} MiB", bytes >> 20);
-  return fmt::format("{} KiB", bytes >> 10);
-}
-
-std::string duration(double seconds) {
-  return seconds < 1 ? fmt::format("{:.0f} ms", seconds * 1000) : fmt::format("{:.1f} s", seconds);
-}
-
-/// "0-2,5": the members as ranges.
-std::string ranges(const std::vector<int>& ranks) {
-  std::string text;
-  for (size_t i = 0; i < ranks.size();) {
-    size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    text += fmt::format("{}{}", text.empty() ? "" : ",", ranks[i]);
-    if (j > i) text += fmt::format("-{}", ranks[j]);
-    i = j + 1;
-  }
-  return text;
-}
 
 int64_t bucket_low(int bucket) { return kSmallestBucketBytes << (2 * bucket); }
 
@@ -69,7 +49,8 @@ int size_bucket(int64_t bytes) {
 }
 
 std::string size_bucket_label(int bucket) {
-  return fmt::format("{}-{}", human_bytes(bucket_low(bucket)), human_bytes(bucket_low(bucket + 1)));
+  return fmt::format("{}-{}", human_bytes(static_cast<double>(bucket_low(bucket))),
+                     human_bytes(static_cast<double>(bucket_low(bucket + 1))));
 }
 
 void BandwidthWatch::set_floor(int64_t bytes, double busbw) {
@@ -184,10 +165,10 @@ std::string BandwidthWatch::describe(const SlowCollective& slow) const {
   return fmt::format(
       "slow collective: {} of {} on group {} (ranks {}) runs at {} bus bandwidth, under {:.0f}% of "
       "the {} {}; one takes {} on average, {:.0f}% of the last {:.0f} s",
-      slow.op, slow.size, slow.group, ranges(slow.ranks), gbps(slow.busbw_now),
+      slow.op, slow.size, slow.group, format_cpulist(slow.ranks), gbps(slow.busbw_now),
       100 * settings_.slow_collective_share, gbps(slow.busbw_before),
       slow.before_is_preflight ? "that --preflight measured" : "it ran at earlier in this job",
-      duration(slow.mean_s), 100 * slow.busy_share, settings_.window_s);
+      human_duration(slow.mean_s), 100 * slow.busy_share, settings_.window_s);
 }
 
 std::vector<BandwidthFigure> BandwidthWatch::figures() const {

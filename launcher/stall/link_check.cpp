@@ -4,15 +4,9 @@
 
 #include <algorithm>
 
+#include "common/sys.hpp"
+
 namespace mcprun {
-namespace {
-
-std::string human_bytes(double bytes) {
-  return bytes >= (1 << 20) ? fmt::format("{:.1f} MiB", bytes / (1 << 20)) : fmt::format("{:.0f} KiB", bytes / 1024);
-}
-
-}  // namespace
-
 void LinkSamples::add(int rank, const std::vector<QueuedConnection>& connections, int store_port) {
   for (const QueuedConnection& connection : connections) {
     if (connection.remote.port == store_port) continue;

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <tuple>
 
+#include "common/sys.hpp"
+
 namespace mcprun {
 namespace {
 
@@ -30,10 +32,6 @@ bool in_data_loader(const std::vector<std::string>& frames) {
 }
 
 std::string percent(double share) { return fmt::format("{:.0f}%", 100 * share); }
-
-std::string duration(double seconds) {
-  return seconds < 1 ? fmt::format("{:.0f} ms", seconds * 1000) : fmt::format("{:.1f} s", seconds);
-}
 
 // A run-queue wait this large, and this many times the others', is starvation, not noise.
 constexpr double kStarvedRunDelayShare = 0.2;
@@ -262,10 +260,10 @@ std::string StragglerWatch::describe(const StragglerEpisode& episode, bool chang
       "others (median of {}, over {:.0f} s)",
       changed ? " now" : "", episode.rank, where.empty() ? "" : " (" + where + ")",
       percent(episode.share), episode.step_s > 0 ? "steps" : "collectives", episode.group,
-      duration(episode.median_lag_s), episode.collectives, settings_.window_s);
+      human_duration(episode.median_lag_s), episode.collectives, settings_.window_s);
   if (episode.step_s > 0)
     text += fmt::format("; the step takes {}, so {} of it is spent waiting for rank {}",
-                        duration(episode.step_s),
+                        human_duration(episode.step_s),
                         percent(std::min(1.0, episode.median_lag_s / episode.step_s)), episode.rank);
   return text + "; " + episode.cause;
 }
