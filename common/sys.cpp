@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -90,7 +91,9 @@ std::string human_bytes(double bytes) {
     bytes /= 1024;
     ++unit;
   }
-  return fmt::format("{:.3g} {}", bytes, kUnits[unit]);
+  // Whole numbers print bare ("64 MiB"), others with one decimal ("1.5 GiB").
+  return bytes == std::floor(bytes) ? fmt::format("{:.0f} {}", bytes, kUnits[unit])
+                                    : fmt::format("{:.1f} {}", bytes, kUnits[unit]);
 }
 
 std::string utc_timestamp(std::chrono::system_clock::time_point time) {

@@ -44,7 +44,7 @@ std::string describe_exit(int exit_code, int signal);
 
 /// "42 ms" under a second, "1.5 s" from one: how the lines a person reads give a duration.
 std::string human_duration(double seconds);
-/// "64 KiB", "3.1 MiB", "16 GiB": three significant digits in the largest binary unit that fits.
+/// "64 MiB", "1.5 GiB": the largest binary unit that fits, one decimal unless a whole number.
 std::string human_bytes(double bytes);
 
 /// "2026-12-03T13:53:17Z": error files, reports and stack dumps all stamp time this way.

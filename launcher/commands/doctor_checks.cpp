@@ -31,23 +31,6 @@ constexpr const char* kShmRemedy =
     "docker: run with --ipc=host or --shm-size=8g (Kubernetes: an emptyDir with medium: Memory "
     "mounted at /dev/shm); a host: mount -o remount,size=8G /dev/shm";
 
-std::string format_bytes(uint64_t bytes) {
-  static const char* const kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double value = static_cast<double>(bytes);
-  size_t unit = 0;
-  while (value >= 1024 && unit + 1 < std::size(kUnits)) {
-    value /= 1024;
-    ++unit;
-  }
-  char text[32];
-  // Whole numbers print bare ("64 MiB"), others with one decimal ("1.5 GiB").
-  if (value == static_cast<double>(static_cast<uint64_t>(value)))
-    std::snprintf(text, sizeof text, "%.0f %s", value, kUnits[unit]);
-  else
-    std::snprintf(text, sizeof text, "%.1f %s", value, kUnits[unit]);
-  return text;
-}
-
 std::optional<long> parse_long(std::string_view text) {
   long value = 0;
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
@@ -280,8 +263,8 @@ CheckResult check_shm(const DoctorInputs& inputs, DoctorProbes& probes) {
   if (space.total_bytes == 0)  // A tmpfs mounted with size=0 has no limit and reports none.
     return warn("shm", path + " reports no size: it may be unlimited, or not a tmpfs at all",
                 "check what is mounted there (findmnt " + path + ")");
-  const std::string sizes = path + ": " + format_bytes(space.available_bytes) + " free of " +
-                            format_bytes(space.total_bytes);
+  const std::string sizes = path + ": " + human_bytes(static_cast<double>(space.available_bytes)) + " free of " +
+                            human_bytes(static_cast<double>(space.total_bytes));
   // Free space is what NCCL can use; a large but full /dev/shm holds a killed job's segments.
   const bool large_but_full = space.total_bytes >= kShmWarnBelowBytes;
   const std::string remedy = large_but_full
@@ -289,12 +272,12 @@ CheckResult check_shm(const DoctorInputs& inputs, DoctorProbes& probes) {
                                  : std::string(kShmRemedy);
   if (space.available_bytes < kShmFailBelowBytes)
     return fail("shm",
-                sizes + ", below " + format_bytes(kShmFailBelowBytes) +
+                sizes + ", below " + human_bytes(static_cast<double>(kShmFailBelowBytes)) +
                     ": NCCL's shared-memory transport stalls when it runs out",
                 remedy);
   if (space.available_bytes < kShmWarnBelowBytes)
     return warn("shm",
-                sizes + ", below " + format_bytes(kShmWarnBelowBytes) +
+                sizes + ", below " + human_bytes(static_cast<double>(kShmWarnBelowBytes)) +
                     ": enough for a few GPUs, tight for 8",
                 remedy);
   return ok("shm", sizes);
@@ -654,7 +637,7 @@ CheckResult check_memlock(const DoctorInputs& inputs) {
   const bool infiniband = has_infiniband(inputs.sysfs_root);
   return warn(
       "memlock",
-      "locked memory is limited to " + format_bytes(*inputs.memlock_bytes) + " (ulimit -l " +
+      "locked memory is limited to " + human_bytes(static_cast<double>(*inputs.memlock_bytes)) + " (ulimit -l " +
           std::to_string(*inputs.memlock_bytes / 1024) +
           "): InfiniBand/RDMA pins memory, and NCCL over IB fails or falls back to sockets" +
           (infiniband ? "" : " (no InfiniBand adapter here yet)"),
