@@ -19,6 +19,10 @@ _MIN_INTERVAL_S = 0.05
 # How long exit waits for the reporter's thread to end: it ends within a store round trip (its
 # socket timeouts are 2 s) unless a destructor it runs takes longer; past this the program exits.
 _THREAD_END_WAIT_S = 30.0
+# How long exit lets torch's gloo workers finish the collectives they completed, and how many
+# looks 5 ms apart must find none of them running: see _settle_gloo_workers.
+_GLOO_SETTLE_S = 2.0
+_GLOO_QUIET_LOOKS = 3
 
 
 def _debug(message):
@@ -96,6 +100,48 @@ class _ExitHandoff:
             reporter.abandon()
 
 
+def _gloo_workers():
+    """The thread ids of torch's gloo workers (torch 2.x names them pt_gloo_runloop)."""
+    workers = []
+    try:
+        for tid in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{tid}/comm") as comm:
+                if comm.read().strip() == "pt_gloo_runloop":
+                    workers.append(tid)
+    except OSError:
+        pass  # A thread that ended meanwhile, or no /proc: nothing to wait for.
+    return workers
+
+
+def _running(tid):
+    try:
+        with open(f"/proc/self/task/{tid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] == "R"
+    except (OSError, IndexError):
+        return False
+
+
+def _settle_gloo_workers():
+    """At exit, before the interpreter finalises: lets torch's gloo workers finish with the
+    collectives they completed. A worker drops a collective just after completing it, and the
+    last reference to a tensor whose Python object the script has freed takes the GIL; once the
+    interpreter finalises, Python ends that thread inside the work's noexcept destructor and the
+    rank aborts with "terminate called without an active exception", under torchrun too (torch
+    2.13: ~AsyncAllreduceWork -> decref_pyobject -> PyEval_AcquireThread -> pthread_exit). Waits,
+    with the GIL free, until no worker runs; torch 1.x leaves its threads unnamed: not waited for."""
+    if "torch.distributed" not in sys.modules:
+        return
+    workers = _gloo_workers()
+    if not workers:
+        return
+    import time
+    deadline = time.monotonic() + _GLOO_SETTLE_S
+    quiet = 0
+    while quiet < _GLOO_QUIET_LOOKS and time.monotonic() < deadline:
+        time.sleep(0.005)  # The GIL free: a worker waiting for it takes it now.
+        quiet = 0 if any(_running(tid) for tid in workers) else quiet + 1
+
+
 def _wait_then_report(main_thread_id, interval_s, handoff):
     """The reporter thread: idles on a dictionary lookup until the program has imported
     torch.distributed, then reports until the interpreter exits."""
@@ -145,6 +191,9 @@ def _chain_to_user_sitecustomize():
 
 
 def _main():
+    import atexit
+    # First registered, so last to run: after the program's own handlers and the reporter's.
+    atexit.register(_settle_gloo_workers)
     watch = os.environ.get("MCPRUN_COLLECTIVE_WATCH") == "1"
     if watch:
         # DataLoader workers and the user's subprocesses inherit no reporter of their own.

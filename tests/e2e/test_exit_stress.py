@@ -29,6 +29,18 @@ time.sleep(float(os.environ.get("FINISH_DELAY_S", "0")))
 print(f"rank {dist.get_rank()} done", flush=True)
 '''
 
+# All-reduces of temporaries, then the end: torch's gloo worker holds each tensor's last
+# reference and frees it, with the GIL, just after the collective completes; an interpreter that
+# finalises meanwhile ends that thread in a noexcept destructor (torch's own race: under torchrun
+# 2.13 this aborted 5 of 12 jobs here). mcprun's exit waits for the workers to finish.
+TEMPORARIES = r'''
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+for _ in range(5):
+    dist.all_reduce(torch.ones(1 << 16))
+print(f"rank {dist.get_rank()} done", flush=True)
+'''
+
 HOG = "while True: pass"
 
 
@@ -53,6 +65,12 @@ class ExitStressTest(LauncherTestCase):
         for job in range(JOBS):
             code, out, err = self.run_mcprun("-n", "2", self.train, timeout=JOB_TIMEOUT_S)
             self.assert_succeeded(code, out, err, 2, f"one-node job {job}")
+
+    def test_jobs_whose_last_tensors_die_with_the_script_succeed(self):
+        script = self.script("temporaries.py", TEMPORARIES)
+        for job in range(JOBS):
+            code, out, err = self.run_mcprun("-n", "2", script, timeout=JOB_TIMEOUT_S)
+            self.assert_succeeded(code, out, err, 2, f"job {job} of temporaries")
 
     def test_static_two_node_jobs_succeed_whichever_node_ends_first(self):
         for job in range(JOBS):
