@@ -325,6 +325,7 @@ Parsed<AssignmentMessage> parse_assignment(const json& message) {
   Fields fields(message, "assignment");
   AssignmentMessage assignment;
   read_assignment(fields, assignment);
+  fields.number("heartbeat_interval_ms", assignment.heartbeat_interval_ms, false, 1, 86400000);
   return fields.result(std::move(assignment));
 }
 

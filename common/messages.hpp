@@ -38,6 +38,7 @@ struct AssignmentMessage {
   int rank_offset = 0;
   std::string master_addr;
   int master_port = 0;
+  int heartbeat_interval_ms = 0;  ///< The daemon's new pace for this agent; 0: unchanged.
 };
 
 /// "join", or "rejoin" (which carries the node's live assignment too).

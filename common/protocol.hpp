@@ -10,9 +10,12 @@
 //                             node re-registers after its connection broke (a daemon restart);
 //                             a daemon that lost the job rebuilds it from these
 //   joined     daemon->agent  heartbeat_interval_ms: the join was accepted; heartbeat this often
+//                             (a third of the lease, longer where the agents the daemon holds
+//                             would pass its max_heartbeats_per_second)
 //   assignment daemon->agent  round, group_rank, group_world_size, world_size, rank_offset,
 //                             master_addr, master_port (no node list: that would make a round
-//                             of N agents cost N^2 bytes)
+//                             of N agents cost N^2 bytes), heartbeat_interval_ms (the pace for
+//                             the agents the daemon holds now, never shorter than the joined one)
 //   heartbeat  agent->daemon  (no fields): any message renews the agent's lease
 //   done       agent->daemon  (no fields): this node's workers all succeeded
 //   progress   daemon->agent  joined, min_nodes, max_nodes, names[<= 8], remaining_s: a forming

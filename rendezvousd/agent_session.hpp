@@ -7,6 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
@@ -52,15 +54,27 @@ class AgentSession : public FramedSession {
   uint64_t generation = 0;
   bool done = false;  ///< The node reported that its workers all succeeded.
 
+  /// Paces the agent's heartbeats, never faster than before (one may be due at the old pace),
+  /// and lets it be silent for three of them from now on; the interval to tell it.
+  std::chrono::milliseconds pace(std::chrono::milliseconds interval) {
+    heartbeat_interval_ = std::max(heartbeat_interval_, interval);
+    renew_lease();
+    return heartbeat_interval_;
+  }
+
  private:
   void on_frame(const nlohmann::json& message) override {
-    expect_message_within(server_.settings().lease);  // Any message renews the lease.
+    renew_lease();  // Any message does.
     server_.on_message(self(), message);
+  }
+  void renew_lease() {
+    expect_message_within(std::max(server_.settings().lease, 3 * heartbeat_interval_));
   }
   void on_closed() override { server_.on_closed(self()); }
 
   RendezvousServer& server_;
   std::string peer_address_;
+  std::chrono::milliseconds heartbeat_interval_{0};  ///< As last told; zero: none yet.
 };
 
 }  // namespace mcprun

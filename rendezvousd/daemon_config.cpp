@@ -55,6 +55,9 @@ Expected<void> load_daemon_config(const std::string& path, DaemonConfig& config)
       {"lease_s", {"seconds > 0", [&](const YAML::Node& n) {
          config.server.lease = seconds_to_ms(positive(n.as<double>()));
        }}},
+      {"max_heartbeats_per_second", {"heartbeats a second > 0", [&](const YAML::Node& n) {
+         config.server.max_heartbeats_per_second = positive(n.as<double>());
+       }}},
       {"first_message_timeout_s", {"seconds > 0", [&](const YAML::Node& n) {
          config.server.first_message_timeout = seconds_to_ms(positive(n.as<double>()));
        }}},

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <functional>
 #include <optional>
+#include <thread>
 #include <string>
 
 #include "common/connection_limits.hpp"
@@ -81,12 +82,19 @@ std::string status_line(const ServerLoad& load) {
                      load.joining, load.running, load.finished, load.nodes, load.connections);
 }
 
+/// A quiet loop waits this long after each round of handlers, so that idle agents' heartbeats
+/// wake the daemon in batches: woken for each, 16,384 agents cost it 1 % of a core.
+constexpr std::chrono::milliseconds kQuietRoundGap{10};
+/// Handlers in one round from which the loop is busy (a round forming) and goes straight on.
+constexpr size_t kBusyRound = 64;
+
 /// Runs the loop; an exception a handler let out is logged and the loop goes on: a fault that
 /// one connection causes must never end the daemon, and with it every job it serves.
 void run_contained(boost::asio::io_context& io) {
   for (;;) {
     try {
-      io.run();
+      while (io.run_one() > 0)
+        if (1 + io.poll() < kBusyRound) std::this_thread::sleep_for(kQuietRoundGap);
       return;
     } catch (const std::exception& error) {
       spdlog::error("a handler failed: {}; serving on", error.what());

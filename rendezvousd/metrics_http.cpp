@@ -51,6 +51,8 @@ std::string render_metrics(const ServerStats& stats, const ServerLoad& load, uin
   sample("mcprun_stalls_total", stats.stalls);
   family("mcprun_restarts_total", "counter", "Jobs re-forming after a failure, a stall or a lost node.");
   sample("mcprun_restarts_total", stats.restarts);
+  family("mcprun_heartbeats_total", "counter", "Heartbeats received from agents.");
+  sample("mcprun_heartbeats_total", stats.heartbeats);
   family("mcprun_gpu_leases", "gauge", "GPUs leased to jobs on this host.");
   sample("mcprun_gpu_leases", load.leased_gpus);
   family("mcprun_port_leases", "gauge", "Master ports leased to jobs on this host.");

@@ -162,6 +162,7 @@ void parsed_or_refused(const std::shared_ptr<AgentSession>& session, Parsed<Mess
 void RendezvousServer::on_message(const std::shared_ptr<AgentSession>& session,
                                   const nlohmann::json& message) {
   const std::string type = message_type(message);
+  stats_.heartbeats += type == "heartbeat";
   if (type == "join")
     return parsed_or_refused(session, parse_join(message),
                              [&](const JoinMessage& join) { handle_join(session, join); });
@@ -414,8 +415,7 @@ void RendezvousServer::handle_rejoin(const std::shared_ptr<AgentSession>& sessio
   session->generation = job.generation;
   session->node = node.node;
   job.members[node.node] = session;
-  session->send({{"type", "joined"},
-                 {"heartbeat_interval_ms", std::max<long>(50, settings_.lease.count() / 3)}});
+  session->send(paced(*session, {{"type", "joined"}}));
   spdlog::info("job {}: {} re-registered ({} of {} node(s))", job_id, node.node,
                job.members.size(), job.expected_nodes);
   if (static_cast<int>(job.members.size()) >= job.expected_nodes) job.deadline->cancel();
@@ -438,8 +438,7 @@ void RendezvousServer::handle_lease(const std::shared_ptr<AgentSession>& session
     if (!id) return session->refuse("the GPUs or port this job held are leased to another job now");
     session->lease_id = *id;
     spdlog::info("restored the lease of {} GPU(s) and port {} to {}", held.gpus.size(), held.port, holder);
-    return session->send({{"type", "lease"}, {"gpus", held.gpus}, {"port", held.port},
-                          {"heartbeat_interval_ms", std::max<long>(50, settings_.lease.count() / 3)}});
+    return session->send(paced(*session, {{"type", "lease"}, {"gpus", held.gpus}, {"port", held.port}}));
   }
   std::unique_ptr<asio::steady_timer> deadline;
   if (wait_s > 0) {
@@ -475,8 +474,7 @@ void RendezvousServer::grant_waiting_leases() {
     const Lease& lease = grant.lease;
     session->lease_id = grant.id;
     spdlog::info("leased {} GPU(s) and port {} to {}", lease.gpus.size(), lease.port, lease.holder);
-    session->send({{"type", "lease"}, {"gpus", lease.gpus}, {"port", lease.port},
-                   {"heartbeat_interval_ms", std::max<long>(50, settings_.lease.count() / 3)}});
+    session->send(paced(*session, {{"type", "lease"}, {"gpus", lease.gpus}, {"port", lease.port}}));
   }
 }
 
@@ -504,9 +502,8 @@ bool RendezvousServer::join_round(const std::string& job_id,
   session->generation = job.generation;
   session->node = node.node;
   job.members[node.node] = session;
-  // The agent heartbeats at a third of the lease from now on, through the join wait too.
-  session->send({{"type", "joined"},
-                 {"heartbeat_interval_ms", std::max<long>(50, settings_.lease.count() / 3)}});
+  // The agent heartbeats from now on, through the join wait too.
+  session->send(paced(*session, {{"type", "joined"}}));
   spdlog::info("job {}: {} ({}, {} worker(s), {} GPU(s)) joined, {} node(s) so far", job_id,
                node.node, node.addr, node.nproc, node.gpu_count, job.round->joined());
   return true;
@@ -528,10 +525,13 @@ void RendezvousServer::advance(const std::string& job_id) {
       for (const auto& node : result.nodes) {
         auto member = job.members[node.node].lock();
         if (!member) continue;
-        member->send({{"type", "assignment"}, {"group_rank", node.group_rank},
-                      {"group_world_size", result.nodes.size()}, {"world_size", result.world_size},
-                      {"rank_offset", node.rank_offset}, {"master_addr", result.master_addr},
-                      {"master_port", result.master_port}});
+        // Paced again: the agents that joined first were told a pace for fewer agents.
+        member->send(paced(*member, {{"type", "assignment"}, {"group_rank", node.group_rank},
+                                     {"group_world_size", result.nodes.size()},
+                                     {"world_size", result.world_size},
+                                     {"rank_offset", node.rank_offset},
+                                     {"master_addr", result.master_addr},
+                                     {"master_port", result.master_port}}));
       }
       spdlog::info("job {}: round complete, {} nodes, world size {}, master {}:{}", job_id,
                    result.nodes.size(), result.world_size, result.master_addr, result.master_port);
@@ -557,6 +557,16 @@ void RendezvousServer::broadcast(Job& job, const nlohmann::json& message,
   for (auto& [name, member] : job.members)
     if (name != except_node)
       if (auto session = member.lock()) session->send(message);
+}
+
+nlohmann::json RendezvousServer::paced(AgentSession& session, nlohmann::json message) {
+  using std::chrono::milliseconds;
+  const auto spread = std::chrono::duration<double>(static_cast<double>(sessions_.size()) /
+                                                    settings_.max_heartbeats_per_second);
+  const milliseconds wanted = std::max({milliseconds(50), settings_.lease / 3,
+                                        std::chrono::ceil<milliseconds>(spread)});
+  message["heartbeat_interval_ms"] = session.pace(wanted).count();
+  return message;
 }
 
 void RendezvousServer::finish(const std::string& job_id) {

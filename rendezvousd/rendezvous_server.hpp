@@ -33,6 +33,9 @@ struct ServerSettings {
   std::string unix_socket;                            ///< Also listen here for local agents.
   std::chrono::milliseconds first_message_timeout{std::chrono::seconds(10)};
   std::chrono::milliseconds lease{std::chrono::seconds(15)};  ///< Silence longer than this: lost.
+  /// Agents heartbeat at a third of the lease, or slower where the agents held would send more
+  /// than this many heartbeats a second in all (16,384 agents: every 16.4 s, lost after 49 s).
+  double max_heartbeats_per_second = 1000;
   /// 16,384 agents (one job that size, or several smaller ones) and operators or agents
   /// reconnecting after a daemon restart beside them.
   size_t max_connections = 16384 + 1024;
@@ -55,6 +58,7 @@ struct ServerStats {
   uint64_t failures = 0;     ///< Rounds ended by a worker failure or a lost node.
   uint64_t stalls = 0;       ///< Rounds ended by a stall.
   uint64_t restarts = 0;     ///< New rounds of a job whose last round failed, stalled or lost a node.
+  uint64_t heartbeats = 0;   ///< Agents' heartbeats: their rate is most of an idle daemon's work.
 
   void record_round(double seconds) {
     ++rounds;
@@ -159,6 +163,8 @@ class RendezvousServer {
   /// Tells a forming round's agents who joined so far, at most once per kProgressInterval.
   void schedule_progress(const std::string& job_id);
   void broadcast(Job& job, const nlohmann::json& message, const std::string& except_node = "");
+  /// `message` with the heartbeat interval the agents held now call for, as `session` is paced.
+  nlohmann::json paced(AgentSession& session, nlohmann::json message);
   void finish(const std::string& job_id);
   void forget_old_jobs();
   /// The job a session belongs to, unless that job was replaced by a newer round.

@@ -75,11 +75,12 @@ TEST(ParseListenAddress, TakesIpAndPortOnly) {
 TEST_F(DaemonConfigTest, KeysAreRead) {
   DaemonConfig config;
   ASSERT_TRUE(load_daemon_config(write("listen: 127.0.0.1:0\nlease_s: 2.5\nlabel_precedence: [row]\n"
-                                       "max_connections: 10\n"),
+                                       "max_connections: 10\nmax_heartbeats_per_second: 250\n"),
                                  config));
   EXPECT_EQ(config.listen, "127.0.0.1:0");
   EXPECT_EQ(config.server.lease, std::chrono::milliseconds(2500));
   EXPECT_EQ(config.server.max_connections, 10u);
+  EXPECT_EQ(config.server.max_heartbeats_per_second, 250);
   EXPECT_EQ(config.server.label_precedence, std::vector<std::string>{"row"});
 }
 

@@ -56,6 +56,7 @@ TEST(RenderMetrics, EveryFamilyHasHelpAndTypeAndTheHistogramIsCumulative) {
   stats.failures = 2;
   stats.stalls = 1;
   stats.restarts = 3;
+  stats.heartbeats = 9;
   ServerLoad load{.joining = 1, .running = 2, .finished = 4, .nodes = 5, .connections = 6,
                   .leased_gpus = 7, .leased_ports = 8};
   const Exposition parsed = parse(render_metrics(stats, load, 12345));
@@ -65,6 +66,7 @@ TEST(RenderMetrics, EveryFamilyHasHelpAndTypeAndTheHistogramIsCumulative) {
       {"mcprun_rendezvous_rounds_total", "counter"},
       {"mcprun_rendezvous_round_duration_seconds", "histogram"}, {"mcprun_failures_total", "counter"},
       {"mcprun_stalls_total", "counter"}, {"mcprun_restarts_total", "counter"},
+      {"mcprun_heartbeats_total", "counter"},
       {"mcprun_gpu_leases", "gauge"}, {"mcprun_port_leases", "gauge"}, {"process_resident_memory_bytes", "gauge"}};
   EXPECT_EQ(parsed.types, families);
   EXPECT_EQ(parsed.helped.size(), families.size());
@@ -80,6 +82,7 @@ TEST(RenderMetrics, EveryFamilyHasHelpAndTypeAndTheHistogramIsCumulative) {
   EXPECT_EQ(parsed.samples.at("mcprun_failures_total"), 2);
   EXPECT_EQ(parsed.samples.at("mcprun_stalls_total"), 1);
   EXPECT_EQ(parsed.samples.at("mcprun_restarts_total"), 3);
+  EXPECT_EQ(parsed.samples.at("mcprun_heartbeats_total"), 9);
   EXPECT_EQ(parsed.samples.at("process_resident_memory_bytes"), 12345);
 
   const std::string histogram = "mcprun_rendezvous_round_duration_seconds";

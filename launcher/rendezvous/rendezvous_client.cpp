@@ -125,6 +125,8 @@ Expected<Assignment> RendezvousClient::join(nlohmann::json join, std::chrono::mi
   auto parsed = parse_assignment(*reply);
   if (!parsed) return Error{"rendezvous: malformed " + parsed.error().message};
   const AssignmentMessage& assignment = *parsed;
+  if (assignment.heartbeat_interval_ms > 0)  // The next heartbeat goes at the daemon's new pace.
+    heartbeat_interval_ = std::chrono::milliseconds(assignment.heartbeat_interval_ms);
   assignment_ = Assignment{assignment.group_rank, assignment.group_world_size, assignment.world_size,
                            assignment.rank_offset, assignment.master_addr, assignment.master_port};
   return *assignment_;

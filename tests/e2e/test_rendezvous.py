@@ -389,6 +389,109 @@ class JoinProgress(RendezvousTestCase):
         os.close(controller)
 
 
+def frame(message):
+    payload = json.dumps(dict(message, v=1)).encode()
+    return struct.pack(">I", len(payload)) + payload
+
+
+class RawAgent:
+    """An agent speaking the wire protocol by hand, so that a test decides when it is silent."""
+
+    def __init__(self, endpoint, job, node, nodes):
+        host, port = endpoint.split(":")
+        self.sock = socket.create_connection((host, int(port)), timeout=30)
+        self.send({"type": "join", "job": job, "node": node, "addr": "127.0.0.1", "nproc": 1,
+                   "master_port": 0, "node_rank": -1, "labels": {}, "min_nodes": nodes,
+                   "max_nodes": nodes, "join_timeout_s": 30, "last_call_timeout_s": 1})
+
+    def send(self, message):
+        self.sock.sendall(frame(message))
+
+    def read(self, timeout=30):
+        """The next message; None when the daemon closed the connection."""
+        self.sock.settimeout(timeout)
+        header = self.sock.recv(4, socket.MSG_WAITALL)
+        if len(header) < 4:
+            return None
+        (length,) = struct.unpack(">I", header)
+        return json.loads(self.sock.recv(length, socket.MSG_WAITALL))
+
+    def close(self):
+        self.sock.close()
+
+
+class HeartbeatPace(RendezvousTestCase):
+    """Agents heartbeat more slowly as the daemon holds more of them (max_heartbeats_per_second)."""
+
+    def setUp(self):
+        LauncherTestCase.setUp(self)
+        self.daemon_log = os.path.join(self.tmp, "rendezvousd.log")
+        self.raw = []
+        self.addCleanup(lambda: [agent.close() for agent in self.raw])
+
+    def start_paced_daemon(self, heartbeats_per_second, lease):
+        config = os.path.join(self.tmp, "rendezvousd.yaml")
+        with open(config, "w") as f:
+            f.write(f"max_heartbeats_per_second: {heartbeats_per_second}\nfirst_message_timeout_s: 60\n")
+        self.start_daemon("127.0.0.1:0", "--config", config, "--metrics-listen", "127.0.0.1:0", lease=lease)
+
+    def heartbeats(self):
+        address = re.search(r"metrics on http://([\d.]+):(\d+)/metrics", self.read_log())
+        with socket.create_connection((address.group(1), int(address.group(2))), timeout=10) as conn:
+            conn.sendall(b"GET /metrics HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n")
+            body = b"".join(iter(lambda: conn.recv(65536), b"")).decode()
+        return int(re.search(r"^mcprun_heartbeats_total (\d+)", body, re.M).group(1))
+
+    def test_the_pace_follows_the_agents_held_and_an_agent_is_lost_after_three_missed_heartbeats(self):
+        # 1 heartbeat a second in all: one agent every 1 s, two every 2 s; the lease alone (1 s)
+        # would have them heartbeat every 333 ms and lose them after 1 s of silence.
+        self.start_paced_daemon(1, lease="1")
+        a = RawAgent(self.endpoint, "paced", "a", 2)
+        self.raw.append(a)
+        self.assertEqual(a.read(), {"v": 1, "type": "joined", "heartbeat_interval_ms": 1000})
+        b = RawAgent(self.endpoint, "paced", "b", 2)
+        self.raw.append(b)
+        self.assertEqual(b.read()["heartbeat_interval_ms"], 2000)
+        for agent in (a, b):
+            assignment = agent.read()
+            self.assertEqual(assignment["type"], "assignment", assignment)
+            self.assertEqual(assignment["heartbeat_interval_ms"], 2000, "the first joiner is paced again")
+        b_paced_at = time.monotonic()
+        # a heartbeats every 1.5 s, slower than the lease but within its pace; b falls silent.
+        lost = None
+        while lost is None and time.monotonic() - b_paced_at < 20:
+            a.send({"type": "heartbeat"})
+            try:
+                message = a.read(timeout=1.5)
+            except socket.timeout:
+                continue
+            self.assertIsNotNone(message, "a, heartbeating at its pace, was cut: " + self.read_log())
+            lost = message
+        lost_after = time.monotonic() - b_paced_at
+        self.assertEqual(lost, {"v": 1, "type": "lost", "node": "b"}, self.read_log())
+        self.assertGreaterEqual(lost_after, 5.5, "b was lost before three heartbeats were missed")
+        self.assertLess(lost_after, 10)
+
+    def test_mcprun_agents_take_the_pace_of_their_assignment(self):
+        # At 4 heartbeats a second in all, the first agent joins alone (told 0.5 s, the lease's
+        # third); 30 connections more and the second agent make 32, every 8 s, which the
+        # assignment tells both agents.
+        self.start_paced_daemon(4, lease="1.5")
+        first = self.agent("a", nnodes="2", nproc="1", extra_env={"BEHAVIOUR_0": "sleep 6", "BEHAVIOUR_1": "sleep 6"})
+        self.assertTrue(wait_for(lambda: "a (127.0.0.1, 1 worker(s)" in self.read_log(), 30), self.read_log())
+        host, port = self.endpoint.split(":")
+        idle = [socket.create_connection((host, int(port))) for _ in range(30)]
+        self.addCleanup(lambda: [sock.close() for sock in idle])
+        second = self.agent("b", nnodes="2", nproc="1", extra_env={"BEHAVIOUR_0": "sleep 6", "BEHAVIOUR_1": "sleep 6"})
+        self.assertTrue(wait_for(lambda: "round complete" in self.read_log(), 30), self.read_log())
+        assigned = self.heartbeats()
+        for code, _, err in self.finish([first, second]):
+            self.assertEqual(code, 0, err)
+        # Over the 6 s the workers run: a's heartbeat due at the old pace, nothing more (at 0.5 s,
+        # a dozen).
+        self.assertLessEqual(self.heartbeats() - assigned, 2, self.read_log())
+
+
 class DaemonRestart(RendezvousTestCase):
     def test_sigkill_and_restart_of_the_daemon_costs_the_job_nothing(self):
         behaviour = ('echo "$TORCHELASTIC_RESTART_COUNT" >> "$MCPRUN_TEST_DIR/starts.$RANK"; '
