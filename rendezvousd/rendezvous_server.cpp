@@ -17,6 +17,9 @@ using tcp = asio::ip::tcp;
 
 namespace {
 
+/// Joins of one round logged at info level; the rest at debug.
+constexpr size_t kJoinsLogged = 64;
+
 /// This box's GPUs in topology order, the ones the daemon leases to local jobs.
 std::vector<std::string> box_gpus() {
   std::vector<std::string> bus_ids;
@@ -504,8 +507,13 @@ bool RendezvousServer::join_round(const std::string& job_id,
   job.members[node.node] = session;
   // The agent heartbeats from now on, through the join wait too.
   session->send(paced(*session, {{"type", "joined"}}));
-  spdlog::info("job {}: {} ({}, {} worker(s), {} GPU(s)) joined, {} node(s) so far", job_id,
-               node.node, node.addr, node.nproc, node.gpu_count, job.round->joined());
+  // A line for each of a large round's joins would flood the journal: the first few say who
+  // comes, the round's completion how many came.
+  const size_t joined = job.round->joined();
+  spdlog::log(joined <= kJoinsLogged ? spdlog::level::info : spdlog::level::debug,
+              "job {}: {} ({}, {} worker(s), {} GPU(s)) joined, {} node(s) so far{}", job_id, node.node,
+              node.addr, node.nproc, node.gpu_count, joined,
+              joined == kJoinsLogged ? "; the next joins are logged at debug level" : "");
   return true;
 }
 
