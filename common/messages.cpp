@@ -314,18 +314,17 @@ Parsed<RelayedNotice> parse_straggler(const json& message) {
   return notice;
 }
 
-Parsed<JoinedMessage> parse_joined(const json& message) {
-  Fields fields(message, "joined");
-  JoinedMessage joined;
-  fields.number("heartbeat_interval_ms", joined.heartbeat_interval_ms, false, 1, 86400000);
-  return fields.result(joined);
+Parsed<PaceMessage> parse_pace(const json& message) {
+  Fields fields(message, message_type(message));
+  PaceMessage pace;
+  fields.number("heartbeat_interval_ms", pace.heartbeat_interval_ms, false, 1, 86400000);
+  return fields.result(pace);
 }
 
 Parsed<AssignmentMessage> parse_assignment(const json& message) {
   Fields fields(message, "assignment");
   AssignmentMessage assignment;
   read_assignment(fields, assignment);
-  fields.number("heartbeat_interval_ms", assignment.heartbeat_interval_ms, false, 1, 86400000);
   return fields.result(std::move(assignment));
 }
 
@@ -365,8 +364,7 @@ Parsed<LeaseGrant> parse_lease_grant(const json& message) {
   Fields fields(message, "lease");
   LeaseGrant grant;
   fields.optional("gpus", grant.gpus)
-      .number("port", grant.port, true, 1, 65535)
-      .number("heartbeat_interval_ms", grant.heartbeat_interval_ms, false, 1, 86400000);
+      .number("port", grant.port, true, 1, 65535);
   return fields.result(std::move(grant));
 }
 

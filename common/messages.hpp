@@ -38,7 +38,6 @@ struct AssignmentMessage {
   int rank_offset = 0;
   std::string master_addr;
   int master_port = 0;
-  int heartbeat_interval_ms = 0;  ///< The daemon's new pace for this agent; 0: unchanged.
 };
 
 /// "join", or "rejoin" (which carries the node's live assignment too).
@@ -101,9 +100,9 @@ struct RelayedNotice {
 
 // ---- daemon -> agent ----
 
-/// "joined": the join was accepted.
-struct JoinedMessage {
-  int heartbeat_interval_ms = 3000;
+/// The heartbeat pace a daemon message may carry ("joined", "assignment", "lease", "pace").
+struct PaceMessage {
+  int heartbeat_interval_ms = 0;  ///< 0: the message carries none.
 };
 
 /// "progress": a forming round's state.
@@ -132,7 +131,6 @@ struct BarrierDone {
 struct LeaseGrant {
   std::vector<std::string> gpus;
   int port = 0;
-  int heartbeat_interval_ms = 3000;
 };
 
 // ---- worker -> agent (launcher/stall/agent_channel.hpp) ----
@@ -188,7 +186,7 @@ Parsed<RelayedNotice> parse_stall_report(const nlohmann::json& message);
 /// "straggler": the store host's straggler line, for every other node's console (`what`).
 Parsed<RelayedNotice> parse_straggler(const nlohmann::json& message);
 
-Parsed<JoinedMessage> parse_joined(const nlohmann::json& message);
+Parsed<PaceMessage> parse_pace(const nlohmann::json& message);
 Parsed<AssignmentMessage> parse_assignment(const nlohmann::json& message);
 Parsed<ProgressMessage> parse_progress(const nlohmann::json& message);
 Parsed<NodeNotice> parse_node_notice(const nlohmann::json& message);

@@ -16,6 +16,8 @@
 //                             master_addr, master_port (no node list: that would make a round
 //                             of N agents cost N^2 bytes), heartbeat_interval_ms (the pace for
 //                             the agents the daemon holds now, never shorter than the joined one)
+//   pace       daemon->agent  heartbeat_interval_ms: heartbeat this often from now on (nodes of
+//                             a running job that re-registered first, once all are back)
 //   heartbeat  agent->daemon  (no fields): any message renews the agent's lease
 //   done       agent->daemon  (no fields): this node's workers all succeeded
 //   progress   daemon->agent  joined, min_nodes, max_nodes, names[<= 8], remaining_s: a forming

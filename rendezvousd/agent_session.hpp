@@ -61,6 +61,7 @@ class AgentSession : public FramedSession {
     renew_lease();
     return heartbeat_interval_;
   }
+  std::chrono::milliseconds heartbeat_interval() const { return heartbeat_interval_; }
 
  private:
   void on_frame(const nlohmann::json& message) override {

@@ -421,7 +421,12 @@ void RendezvousServer::handle_rejoin(const std::shared_ptr<AgentSession>& sessio
   session->send(paced(*session, {{"type", "joined"}}));
   spdlog::info("job {}: {} re-registered ({} of {} node(s))", job_id, node.node,
                job.members.size(), job.expected_nodes);
-  if (static_cast<int>(job.members.size()) >= job.expected_nodes) job.deadline->cancel();
+  if (static_cast<int>(job.members.size()) < job.expected_nodes) return;
+  job.deadline->cancel();
+  // The nodes that came back first were told a pace for fewer agents.
+  for (auto& [name, member] : job.members)
+    if (auto agent = member.lock(); agent && agent->heartbeat_interval() < heartbeat_interval())
+      agent->send(paced(*agent, {{"type", "pace"}}));
 }
 
 void RendezvousServer::handle_lease(const std::shared_ptr<AgentSession>& session,
@@ -567,13 +572,15 @@ void RendezvousServer::broadcast(Job& job, const nlohmann::json& message,
       if (auto session = member.lock()) session->send(message);
 }
 
-nlohmann::json RendezvousServer::paced(AgentSession& session, nlohmann::json message) {
+std::chrono::milliseconds RendezvousServer::heartbeat_interval() const {
   using std::chrono::milliseconds;
   const auto spread = std::chrono::duration<double>(static_cast<double>(sessions_.size()) /
                                                     settings_.max_heartbeats_per_second);
-  const milliseconds wanted = std::max({milliseconds(50), settings_.lease / 3,
-                                        std::chrono::ceil<milliseconds>(spread)});
-  message["heartbeat_interval_ms"] = session.pace(wanted).count();
+  return std::max({milliseconds(50), settings_.lease / 3, std::chrono::ceil<milliseconds>(spread)});
+}
+
+nlohmann::json RendezvousServer::paced(AgentSession& session, nlohmann::json message) {
+  message["heartbeat_interval_ms"] = session.pace(heartbeat_interval()).count();
   return message;
 }
 

@@ -163,7 +163,10 @@ class RendezvousServer {
   /// Tells a forming round's agents who joined so far, at most once per kProgressInterval.
   void schedule_progress(const std::string& job_id);
   void broadcast(Job& job, const nlohmann::json& message, const std::string& except_node = "");
-  /// `message` with the heartbeat interval the agents held now call for, as `session` is paced.
+  /// The heartbeat interval the agents held now call for: a third of the lease, or longer where
+  /// they would pass max_heartbeats_per_second.
+  std::chrono::milliseconds heartbeat_interval() const;
+  /// `message` with the heartbeat interval `session` is paced at from now on.
   nlohmann::json paced(AgentSession& session, nlohmann::json message);
   void finish(const std::string& job_id);
   void forget_old_jobs();

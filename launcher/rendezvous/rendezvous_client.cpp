@@ -29,6 +29,7 @@ class RendezvousClient::Connection : public FramedSession {
 
  private:
   void on_frame(const nlohmann::json& message) override {
+    if (client_) client_->take_pace(message);
     if (!client_ || !client_->on_message_) return;
     // Nothing the daemon sends may end this node's job from inside a handler.
     try {
@@ -83,9 +84,6 @@ Expected<Assignment> RendezvousClient::join(nlohmann::json join, std::chrono::mi
   on_message_ = [&](const nlohmann::json& message) {
     const std::string type = message_type(message);
     if (type == "joined") {
-      auto joined = parse_joined(message);
-      if (!joined) return ignore_malformed(joined.error().message);
-      heartbeat_interval_ = std::chrono::milliseconds(joined->heartbeat_interval_ms);
       heartbeat();
     } else if (type == "progress") {
       if (!show_progress) return;
@@ -125,8 +123,6 @@ Expected<Assignment> RendezvousClient::join(nlohmann::json join, std::chrono::mi
   auto parsed = parse_assignment(*reply);
   if (!parsed) return Error{"rendezvous: malformed " + parsed.error().message};
   const AssignmentMessage& assignment = *parsed;
-  if (assignment.heartbeat_interval_ms > 0)  // The next heartbeat goes at the daemon's new pace.
-    heartbeat_interval_ = std::chrono::milliseconds(assignment.heartbeat_interval_ms);
   assignment_ = Assignment{assignment.group_rank, assignment.group_world_size, assignment.world_size,
                            assignment.rank_offset, assignment.master_addr, assignment.master_port};
   return *assignment_;
@@ -162,7 +158,6 @@ Expected<GrantedLease> RendezvousClient::lease(nlohmann::json request,
   auto parsed = parse_lease_grant(*reply);
   if (!parsed) return Error{"rendezvousd sent a malformed " + parsed.error().message};
   const LeaseGrant& grant = *parsed;
-  heartbeat_interval_ = std::chrono::milliseconds(grant.heartbeat_interval_ms);
   heartbeat();  // The lease lasts as long as this connection does.
   GrantedLease granted{grant.gpus, grant.port};
   lease_ = request;
@@ -334,8 +329,21 @@ void RendezvousClient::heartbeat() {
   beat();
 }
 
+void RendezvousClient::take_pace(const nlohmann::json& message) {
+  if (!message.is_object() || !message.contains("heartbeat_interval_ms")) return;
+  auto pace = parse_pace(message);
+  if (!pace) return ignore_malformed(pace.error().message);
+  heartbeat_interval_ = std::chrono::milliseconds(pace->heartbeat_interval_ms);
+  // A faster pace starts now: a beat armed at the old one could come after the daemon gives up.
+  if (heartbeating_ && heartbeat_timer_.expiry() > Clock::now() + heartbeat_interval_) arm_heartbeat();
+}
+
 void RendezvousClient::beat() {
   send({{"type", "heartbeat"}});
+  arm_heartbeat();
+}
+
+void RendezvousClient::arm_heartbeat() {
   heartbeat_timer_.expires_after(heartbeat_interval_);
   heartbeat_timer_.async_wait([this, alive = alive_](boost::system::error_code ec) {
     if (*alive && !ec && !closed_) beat();

@@ -105,6 +105,10 @@ class RendezvousClient {
   /// Starts the heartbeat loop once.
   void heartbeat();
   void beat();
+  /// Waits a heartbeat interval, then beats.
+  void arm_heartbeat();
+  /// Heartbeats at the pace a daemon message carries, if it carries one.
+  void take_pace(const nlohmann::json& message);
   void flush(std::chrono::milliseconds limit);
   /// Hands watch()'s handler what arrived in the same read as the assignment, on the next turn
   /// of the loop, as if it had arrived then.

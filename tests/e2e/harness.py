@@ -63,7 +63,8 @@ class LauncherTestCase(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="mcprun-e2e-")
         self.procs = []
-        self.env = dict(os.environ, PYTHON_EXEC=PYTHON, MCPRUN_TEST_DIR=self.tmp,
+        # TMPDIR: the run folders a stall keeps for its user go with the test's own.
+        self.env = dict(os.environ, PYTHON_EXEC=PYTHON, MCPRUN_TEST_DIR=self.tmp, TMPDIR=self.tmp,
                         PATH="/usr/bin:/bin:" + os.environ.get("PATH", ""))
         for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                      "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS"):

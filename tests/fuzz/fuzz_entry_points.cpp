@@ -31,7 +31,7 @@ void parse_everything(const json& message) {
   if (auto stall = parse_stall(message)) static_cast<void>(encode_frame(stall->body));
   if (auto report = parse_stall_report(message)) static_cast<void>(encode_frame(report->body));
   if (auto straggler = parse_straggler(message)) static_cast<void>(encode_frame(straggler->body));
-  visit(parse_joined(message));
+  visit(parse_pace(message));
   visit(parse_assignment(message));
   visit(parse_progress(message));
   visit(parse_node_notice(message));
