@@ -1,5 +1,6 @@
 """The job store and rendezvousd at a size this box runs in seconds (4,096 connections), driven by
-the load generator of scripts/bench-scale, and the one-line warnings where the host's limits
+the load generator of scripts/bench-scale; rendezvousd's jobs and idle agents through the load
+generator of scripts/bench-rendezvous; and the one-line warnings where the host's limits
 (descriptors, listen backlog) cannot hold the configured size."""
 import asyncio
 import json
@@ -14,7 +15,7 @@ import subprocess
 import sys
 import threading
 
-from harness import MCPRUN, REPO, LauncherTestCase
+from harness import MCPRUN, REPO, LauncherTestCase, wait_for
 
 sys.path.insert(0, os.path.join(REPO, "scripts"))
 import store_load  # noqa: E402  (scripts/ is not a package)
@@ -23,6 +24,9 @@ RENDEZVOUSD = os.environ.get("RENDEZVOUSD", os.path.join(os.path.dirname(MCPRUN)
 # The C++ load generator (benchmarks/store_load), built beside mcprun.
 STORE_LOAD = os.environ.get("STORE_LOAD", os.path.join(os.path.dirname(MCPRUN),
                                                        "../benchmarks/store_load/store_load"))
+# The C++ agent simulator (benchmarks/rendezvous_load), built beside mcprun.
+RENDEZVOUS_LOAD = os.environ.get("RENDEZVOUS_LOAD", os.path.join(
+    os.path.dirname(MCPRUN), "../benchmarks/rendezvous_load/rendezvous_load"))
 TORCH2_PYTHON = os.path.join(REPO, ".venv", "bin", "python")
 RANKS = 4096
 PHASE_TIMEOUT = 60  # Seconds any one phase may take on a loaded box; a few on an idle one.
@@ -219,6 +223,62 @@ print(os.getpid())
                              answer)
         self.assertIsNone(proc.poll())
         self.stop(proc)
+
+
+class RendezvousAtScaleTest(LauncherTestCase):
+    AGENTS, JOBS, IDLE_SECONDS = 512, 2, 2
+
+    def start_daemon(self):
+        """rendezvousd with its defaults, as bench-rendezvous starts it; its log goes to a file,
+        which a line per join cannot fill as an unread pipe would."""
+        log_path = os.path.join(self.tmp, "rendezvousd.log")
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen([RENDEZVOUSD, "--listen", "127.0.0.1:0"], stdout=log, stderr=log,
+                                    start_new_session=True)
+        self.procs.append(proc)
+
+        def listening():
+            with open(log_path) as log:
+                return re.search(r"listening on 127\.0\.0\.1:(\d+)", log.read())
+
+        found = wait_for(listening, 30)
+        self.assertTrue(found, f"rendezvousd did not start (exit {proc.poll()})")
+        return proc, int(found.group(1))
+
+    def test_512_agents_in_2_jobs_get_exact_ranks_and_idle_without_a_lost_connection(self):
+        if not descriptors_for(self.AGENTS):
+            self.skipTest(f"the hard open-file limit cannot hold {self.AGENTS} connections")
+        if not os.path.exists(RENDEZVOUS_LOAD):
+            self.skipTest(f"no load generator at {RENDEZVOUS_LOAD} (built with mcprun)")
+        proc, port = self.start_daemon()
+        load = subprocess.run([RENDEZVOUS_LOAD, "--port", str(port), "--timeout", str(PHASE_TIMEOUT)],
+                              input=f"connect {self.AGENTS}\njoin {self.JOBS}\nidle {self.IDLE_SECONDS}\n",
+                              capture_output=True, text=True, timeout=3 * PHASE_TIMEOUT + 30)
+        self.assertEqual(load.returncode, 0, load.stderr)
+        connect, join, idle = [json.loads(line) for line in load.stdout.splitlines()]
+        self.assertEqual((connect["connected"], connect["errors"]), (self.AGENTS, 0), connect)
+
+        size = self.AGENTS // self.JOBS
+        self.assertEqual(len(join["jobs"]), self.JOBS, join)
+        self.assertEqual(len({job["job"] for job in join["jobs"]}), self.JOBS, join)
+        for job in join["jobs"]:
+            # ok: every agent assigned, group ranks exactly 0..n-1, world size n.
+            self.assertTrue(job["ok"], job)
+            self.assertEqual((job["agents"], job["assigned"], job["errors"]), (size, size, 0), job)
+            self.assertIsNotNone(job["seconds"], job)
+        # The pace the daemon told: a third of its 15 s lease while it holds under 5,000 agents.
+        interval_ms = join["jobs"][0]["heartbeat_interval_ms"]
+        self.assertEqual({job["heartbeat_interval_ms"] for job in join["jobs"]}, {interval_ms})
+        self.assertEqual(interval_ms, 5000, join)
+
+        self.assertEqual((idle["agents"], idle["lost"]), (self.AGENTS, 0), idle)
+        # Spread evenly over the interval: the share of the agents whose first one fell in the idle.
+        spread = self.AGENTS * self.IDLE_SECONDS * 1000 / interval_ms
+        self.assertGreaterEqual(idle["heartbeats"], 0.8 * spread, idle)
+        self.assertLessEqual(idle["heartbeats"], spread + 1, idle)
+        self.assertIsNone(proc.poll())
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
 
 
 if __name__ == "__main__":
