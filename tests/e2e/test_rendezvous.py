@@ -397,12 +397,18 @@ def frame(message):
 class RawAgent:
     """An agent speaking the wire protocol by hand, so that a test decides when it is silent."""
 
-    def __init__(self, endpoint, job, node, nodes):
+    def __init__(self, endpoint, job, node, nodes, assignment=None):
+        """Joins; with `assignment` (the node's group rank), re-registers a running node instead."""
         host, port = endpoint.split(":")
         self.sock = socket.create_connection((host, int(port)), timeout=30)
-        self.send({"type": "join", "job": job, "node": node, "addr": "127.0.0.1", "nproc": 1,
-                   "master_port": 0, "node_rank": -1, "labels": {}, "min_nodes": nodes,
-                   "max_nodes": nodes, "join_timeout_s": 30, "last_call_timeout_s": 1})
+        join = {"type": "join", "job": job, "node": node, "addr": "127.0.0.1", "nproc": 1,
+                "master_port": 0, "node_rank": -1, "labels": {}, "min_nodes": nodes,
+                "max_nodes": nodes, "join_timeout_s": 30, "last_call_timeout_s": 1}
+        if assignment is not None:
+            join.update(type="rejoin", assignment={
+                "group_rank": assignment, "group_world_size": nodes, "world_size": nodes,
+                "rank_offset": assignment, "master_addr": "127.0.0.1", "master_port": 29500})
+        self.send(join)
 
     def send(self, message):
         self.sock.sendall(frame(message))
@@ -429,18 +435,19 @@ class HeartbeatPace(RendezvousTestCase):
         self.raw = []
         self.addCleanup(lambda: [agent.close() for agent in self.raw])
 
-    def start_paced_daemon(self, heartbeats_per_second, lease):
+    def start_paced_daemon(self, heartbeats_per_second, lease, listen="127.0.0.1:0"):
         config = os.path.join(self.tmp, "rendezvousd.yaml")
         with open(config, "w") as f:
             f.write(f"max_heartbeats_per_second: {heartbeats_per_second}\nfirst_message_timeout_s: 60\n")
-        self.start_daemon("127.0.0.1:0", "--config", config, "--metrics-listen", "127.0.0.1:0", lease=lease)
+        self.start_daemon(listen, "--config", config, "--metrics-listen", "127.0.0.1:0", lease=lease)
 
-    def heartbeats(self):
-        address = re.search(r"metrics on http://([\d.]+):(\d+)/metrics", self.read_log())
-        with socket.create_connection((address.group(1), int(address.group(2))), timeout=10) as conn:
+    def metric(self, name):
+        """The value of `name` on the daemon's /metrics (the last daemon started)."""
+        address = re.findall(r"metrics on http://([\d.]+):(\d+)/metrics", self.read_log())[-1]
+        with socket.create_connection((address[0], int(address[1])), timeout=10) as conn:
             conn.sendall(b"GET /metrics HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n")
             body = b"".join(iter(lambda: conn.recv(65536), b"")).decode()
-        return int(re.search(r"^mcprun_heartbeats_total (\d+)", body, re.M).group(1))
+        return int(re.search(rf"^{name} (\d+)", body, re.M).group(1))
 
     def test_the_pace_follows_the_agents_held_and_an_agent_is_lost_after_three_missed_heartbeats(self):
         # 1 heartbeat a second in all: one agent every 1 s, two every 2 s; the lease alone (1 s)
@@ -472,6 +479,51 @@ class HeartbeatPace(RendezvousTestCase):
         self.assertGreaterEqual(lost_after, 5.5, "b was lost before three heartbeats were missed")
         self.assertLess(lost_after, 10)
 
+    def test_a_rebuilt_jobs_first_node_back_is_paced_again_once_all_are(self):
+        # After a daemon restart, a running job's nodes re-register one by one: the first is
+        # told the pace of the few agents held then, and the slower one once every node is back.
+        self.start_paced_daemon(4, lease="1.5")
+        first = RawAgent(self.endpoint, "rebuilt", "a", 2, assignment=0)
+        self.raw.append(first)
+        self.assertEqual(first.read()["heartbeat_interval_ms"], 500)
+        host, port = self.endpoint.split(":")
+        idle = [socket.create_connection((host, int(port))) for _ in range(30)]
+        self.addCleanup(lambda: [sock.close() for sock in idle])
+        self.assertTrue(wait_for(lambda: self.metric("mcprun_connections") == 31, 10))
+        second = RawAgent(self.endpoint, "rebuilt", "b", 2, assignment=1)
+        self.raw.append(second)
+        self.assertEqual(second.read()["heartbeat_interval_ms"], 8000)
+        self.assertEqual(first.read(), {"v": 1, "type": "pace", "heartbeat_interval_ms": 8000},
+                         self.read_log())
+
+    def test_agents_keep_the_faster_pace_of_a_restarted_daemon(self):
+        # Paced at 8 s by a daemon holding 32 connections, the agents re-register with a new one
+        # holding only them, whose pace is the lease's third (0.5 s; lost after 1.5 s): heartbeats
+        # at the old pace would lose both nodes and stop the job.
+        self.start_paced_daemon(4, lease="1.5")
+        behaviour = ('touch "$MCPRUN_TEST_DIR/started.$RANK"; '
+                     'while [ ! -e "$MCPRUN_TEST_DIR/go" ]; do sleep 0.05; done')
+        agents = [self.agent("a", nnodes="2", nproc="1", extra_env={"BEHAVIOUR_0": behaviour, "BEHAVIOUR_1": behaviour})]
+        self.assertTrue(wait_for(lambda: "a (127.0.0.1, 1 worker(s)" in self.read_log(), 30), self.read_log())
+        host, port = self.endpoint.split(":")
+        idle = [socket.create_connection((host, int(port))) for _ in range(30)]
+        agents.append(self.agent("b", nnodes="2", nproc="1", extra_env={"BEHAVIOUR_0": behaviour, "BEHAVIOUR_1": behaviour}))
+        self.assertTrue(wait_for(lambda: len(self.files("started.")) == 2, 30), self.read_log())
+        for sock in idle:
+            sock.close()
+        self.daemon.kill()
+        self.daemon.wait()
+        self.start_paced_daemon(4, lease="1.5", listen=self.endpoint)
+        self.assertTrue(wait_for(lambda: "(2 of 2 node(s))" in self.read_log(), 30), self.read_log())
+        rebuilt = time.monotonic()
+        # The job runs on for twice the new lease past the rebuild before it may end.
+        self.assertFalse(wait_for(lambda: "lost" in self.read_log().split("(2 of 2 node(s))")[-1], 3),
+                         self.read_log())
+        self.assertGreaterEqual(time.monotonic() - rebuilt, 3)
+        open(os.path.join(self.tmp, "go"), "w").close()
+        for code, _, err in self.finish(agents):
+            self.assertEqual(code, 0, err)
+
     def test_mcprun_agents_take_the_pace_of_their_assignment(self):
         # At 4 heartbeats a second in all, the first agent joins alone (told 0.5 s, the lease's
         # third); 30 connections more and the second agent make 32, every 8 s, which the
@@ -484,12 +536,12 @@ class HeartbeatPace(RendezvousTestCase):
         self.addCleanup(lambda: [sock.close() for sock in idle])
         second = self.agent("b", nnodes="2", nproc="1", extra_env={"BEHAVIOUR_0": "sleep 6", "BEHAVIOUR_1": "sleep 6"})
         self.assertTrue(wait_for(lambda: "round complete" in self.read_log(), 30), self.read_log())
-        assigned = self.heartbeats()
+        assigned = self.metric("mcprun_heartbeats_total")
         for code, _, err in self.finish([first, second]):
             self.assertEqual(code, 0, err)
         # Over the 6 s the workers run: a's heartbeat due at the old pace, nothing more (at 0.5 s,
         # a dozen).
-        self.assertLessEqual(self.heartbeats() - assigned, 2, self.read_log())
+        self.assertLessEqual(self.metric("mcprun_heartbeats_total") - assigned, 2, self.read_log())
 
 
 class DaemonRestart(RendezvousTestCase):
