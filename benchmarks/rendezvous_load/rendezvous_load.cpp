@@ -5,7 +5,7 @@
 // Usage: rendezvous_load --port PORT [--host 127.0.0.1] [--timeout SECONDS] [--sources 64]
 //
 // Against a loopback daemon the agents connect from --sources loopback addresses (127.0.0.1 up),
-// as a job's agents come from many hosts (see from()).
+// as a job's agents come from many hosts (see load_generator::open_from).
 //
 // Commands come one a line on stdin and run one at a time; each answers one JSON line on stdout:
 //   connect N       N agents connect at once. {"phase", "seconds" (null past the timeout),
@@ -30,9 +30,6 @@
 // Agents are silent outside idle: the daemon's lease (15 s by default) outlasts a join. Frames
 // outside a join are read and dropped. A bad command answers {"error": ...}. The end of stdin
 // closes every connection and ends the program.
-#include <netinet/in.h>
-#include <sys/resource.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -53,6 +50,8 @@
 #include <string_view>
 #include <utility>
 #include <vector>
+
+#include "load_generator.hpp"
 
 namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
@@ -286,8 +285,8 @@ class LoadGenerator {
       agents_.push_back(std::make_unique<Agent>(io_));
       Agent& agent = *agents_.back();
       agent.owes = true;
-      if (auto error = from(agent, agents_.size() - 1)) {
-        broken(agent, "bind: " + *error);
+      if (auto ec = load_generator::open_from(agent.socket, server_, sources_, agents_.size() - 1)) {
+        broken(agent, "bind: " + ec.message());
         continue;
       }
       agent.socket.async_connect(server_, [this, &agent](boost::system::error_code ec) {
@@ -298,22 +297,6 @@ class LoadGenerator {
         settle(agent);
       });
     }
-  }
-
-  /// Opens agent `n`'s socket; against a loopback daemon, from one of `sources_` loopback
-  /// addresses: from one address, each connect's search for a free local port checks every
-  /// connection already open to the daemon, a cost of one host holding every agent.
-  std::optional<std::string> from(Agent& agent, size_t n) {
-    boost::system::error_code ec;
-    agent.socket.open(server_.protocol(), ec);
-    if (!ec && sources_ > 1 && server_.address().is_loopback() && server_.address().is_v4()) {
-      int one = 1;  // The port is chosen at connect, per (source, daemon) pair.
-      ::setsockopt(agent.socket.native_handle(), IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &one, sizeof one);
-      const uint32_t address = asio::ip::make_address_v4("127.0.0.1").to_uint() + n % sources_;
-      agent.socket.bind(tcp::endpoint(asio::ip::address_v4(address), 0), ec);
-    }
-    if (ec) return ec.message();
-    return std::nullopt;
   }
 
   void connect_error(const std::string& why) {
@@ -510,71 +493,9 @@ class LoadGenerator {
   size_t heartbeats_sent_ = 0;
 };
 
-/// Reads commands from stdin, one at a time: the next is read once the last has answered.
-class CommandLoop {
- public:
-  CommandLoop(asio::io_context& io, LoadGenerator& generator)
-      : input_(io, ::dup(STDIN_FILENO)), generator_(generator) {}
-
-  void next() {
-    asio::async_read_until(input_, buffer_, '\n', [this](boost::system::error_code ec, size_t) {
-      if (ec) {  // The end of stdin: the bench is done with these agents.
-        generator_.close_all();
-        input_.close();
-        return;
-      }
-      std::string line;
-      std::istream in(&buffer_);
-      std::getline(in, line);
-      generator_.run(line, [this](const json& answer) {
-        // Replaced, not thrown on: an error frame's text is the daemon's, any bytes at all.
-        std::cout << answer.dump(-1, ' ', false, json::error_handler_t::replace) << std::endl;
-        next();
-      });
-    });
-  }
-
- private:
-  asio::posix::stream_descriptor input_;
-  asio::streambuf buffer_;
-  LoadGenerator& generator_;
-};
-
 }  // namespace
 }  // namespace rendezvous_load
 
 int main(int argc, char** argv) {
-  std::string host = "127.0.0.1";
-  int port = 0;
-  double timeout = 60;
-  size_t sources = 64;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string flag = argv[i];
-    if (flag == "--host") host = argv[i + 1];
-    else if (flag == "--port") port = std::stoi(argv[i + 1]);
-    else if (flag == "--timeout") timeout = std::stod(argv[i + 1]);
-    else if (flag == "--sources") sources = std::max(1ul, std::stoul(argv[i + 1]));
-    else {
-      std::cerr << "rendezvous_load: unknown flag " << flag << "\n";
-      return 2;
-    }
-  }
-  if (port <= 0 || argc % 2 == 0) {
-    std::cerr << "usage: rendezvous_load --port PORT [--host HOST] [--timeout SECONDS] [--sources N]\n";
-    return 2;
-  }
-  // One descriptor per agent: as many as the hard limit allows.
-  rlimit files{};
-  if (::getrlimit(RLIMIT_NOFILE, &files) == 0) {
-    files.rlim_cur = files.rlim_max;
-    ::setrlimit(RLIMIT_NOFILE, &files);
-  }
-  asio::io_context io(1);
-  rendezvous_load::LoadGenerator generator(
-      io, tcp::endpoint(asio::ip::make_address(host), static_cast<uint16_t>(port)), sources,
-      std::chrono::milliseconds(static_cast<int64_t>(timeout * 1000)));
-  rendezvous_load::CommandLoop commands(io, generator);
-  commands.next();
-  io.run();
-  return 0;
+  return load_generator::main<rendezvous_load::LoadGenerator>(argc, argv, "rendezvous_load");
 }

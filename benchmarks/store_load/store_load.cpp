@@ -5,7 +5,7 @@
 // Usage: store_load --port PORT [--host 127.0.0.1] [--timeout SECONDS] [--sources 64]
 //
 // Against a loopback server the ranks connect from --sources loopback addresses (127.0.0.1 up),
-// as a job's ranks come from many hosts (see from()).
+// as a job's ranks come from many hosts (see load_generator::open_from).
 //
 // Commands come one a line on stdin and run one at a time; each answers one JSON line on stdout
 // ({"phase", "seconds" (null past the timeout), "ranks", "completed", "errors", "error_names",
@@ -20,9 +20,6 @@
 //   progress S      each rank SETs mcprun/progress/<rank> once a second for S seconds, spread over
 //                   each second (a record as mcprun's progress reporter writes it), then PINGs.
 // The end of stdin closes every connection and ends the program.
-#include <netinet/in.h>
-#include <sys/resource.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -41,6 +38,7 @@
 #include <utility>
 #include <vector>
 
+#include "load_generator.hpp"
 #include "torch_requests.hpp"
 
 namespace asio = boost::asio;
@@ -223,7 +221,10 @@ class LoadGenerator {
       ranks_.push_back(std::make_unique<Rank>(io_));
       Rank& rank = *ranks_.back();
       rank.busy = true;
-      if (!from(rank, n)) continue;
+      if (auto ec = load_generator::open_from(rank.socket, server_, sources_, n)) {
+        fail(rank, ec);
+        continue;
+      }
       rank.socket.async_connect(server_, [this, &rank, nonce](boost::system::error_code ec) {
         if (ec) return fail(rank, ec);
         rank.socket.set_option(tcp::no_delay(true), ec);  // As torch's client and asyncio do.
@@ -235,23 +236,6 @@ class LoadGenerator {
         });
       });
     }
-  }
-
-  /// Opens rank `n`'s socket; against a loopback server, from one of `sources_` loopback
-  /// addresses. From one address, each connect's search for a free local port checks every
-  /// connection already open to the server (the kernel's __inet_check_established: 80 % of the
-  /// generator's CPU at 16K, seconds), a cost of one host holding every rank, never of a job.
-  bool from(Rank& rank, size_t n) {
-    boost::system::error_code ec;
-    rank.socket.open(server_.protocol(), ec);
-    if (!ec && sources_ > 1 && server_.address().is_loopback() && server_.address().is_v4()) {
-      int one = 1;  // The port is chosen at connect, per (source, server) pair.
-      ::setsockopt(rank.socket.native_handle(), IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &one, sizeof one);
-      const uint32_t address = asio::ip::make_address_v4("127.0.0.1").to_uint() + n % sources_;
-      rank.socket.bind(tcp::endpoint(asio::ip::address_v4(address), 0), ec);
-    }
-    if (ec) fail(rank, ec);
-    return !ec;
   }
 
   void barrier(const std::string& prefix) {
@@ -353,70 +337,9 @@ class LoadGenerator {
   size_t progress_sent_ = 0, progress_total_ = 0;
 };
 
-/// Reads commands from stdin, one at a time: the next is read once the last has answered.
-class CommandLoop {
- public:
-  CommandLoop(asio::io_context& io, LoadGenerator& generator)
-      : input_(io, ::dup(STDIN_FILENO)), generator_(generator) {}
-
-  void next() {
-    asio::async_read_until(input_, buffer_, '\n', [this](boost::system::error_code ec, size_t) {
-      if (ec) {  // The end of stdin: the bench is done with these ranks.
-        generator_.close_all();
-        input_.close();
-        return;
-      }
-      std::string line;
-      std::istream in(&buffer_);
-      std::getline(in, line);
-      generator_.run(line, [this](const nlohmann::json& answer) {
-        std::cout << answer.dump() << std::endl;
-        next();
-      });
-    });
-  }
-
- private:
-  asio::posix::stream_descriptor input_;
-  asio::streambuf buffer_;
-  LoadGenerator& generator_;
-};
-
 }  // namespace
 }  // namespace store_load
 
 int main(int argc, char** argv) {
-  std::string host = "127.0.0.1";
-  int port = 0;
-  double timeout = 60;
-  size_t sources = 64;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string flag = argv[i];
-    if (flag == "--host") host = argv[i + 1];
-    else if (flag == "--port") port = std::stoi(argv[i + 1]);
-    else if (flag == "--timeout") timeout = std::stod(argv[i + 1]);
-    else if (flag == "--sources") sources = std::max(1ul, std::stoul(argv[i + 1]));
-    else {
-      std::cerr << "store_load: unknown flag " << flag << "\n";
-      return 2;
-    }
-  }
-  if (port <= 0) {
-    std::cerr << "usage: store_load --port PORT [--host HOST] [--timeout SECONDS] [--sources N]\n";
-    return 2;
-  }
-  // One descriptor per rank: as many as the hard limit allows.
-  rlimit files{};
-  if (::getrlimit(RLIMIT_NOFILE, &files) == 0) {
-    files.rlim_cur = files.rlim_max;
-    ::setrlimit(RLIMIT_NOFILE, &files);
-  }
-  asio::io_context io(1);
-  store_load::LoadGenerator generator(
-      io, tcp::endpoint(asio::ip::make_address(host), static_cast<uint16_t>(port)), sources,
-      std::chrono::milliseconds(static_cast<int64_t>(timeout * 1000)));
-  store_load::CommandLoop commands(io, generator);
-  commands.next();
-  io.run();
-  return 0;
+  return load_generator::main<store_load::LoadGenerator>(argc, argv, "store_load");
 }
