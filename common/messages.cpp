@@ -199,7 +199,8 @@ Parsed<JoinMessage> parse_join_fields(const json& message, const std::string& wh
       .number("max_nodes", join.max_nodes, true, 1, kMaxCount)
       .number("join_timeout_s", join.join_timeout_s, false, 0, kMaxSeconds)
       .number("last_call_timeout_s", join.last_call_timeout_s, false, 0, kMaxSeconds)
-      .number("restart_count", join.restart_count, false, 0, kMaxCount);
+      .number("restart_count", join.restart_count, false, 0, kMaxCount)
+      .optional("progress", join.progress);
   if (const json* gpus = fields.raw("gpus", false)) {
     if (!gpus->is_array()) fields.fail("gpus", std::string("must be an array, not ") + kind_of(*gpus));
     else join.gpu_count = static_cast<int>(gpus->size());

@@ -54,6 +54,7 @@ struct JoinMessage {
   double join_timeout_s = kDefaultJoinTimeout.count();
   double last_call_timeout_s = kDefaultLastCallTimeout.count();
   int restart_count = 0;  ///< The agent's restarts so far: above 0, it re-joins after a failure.
+  bool progress = true;   ///< The agent shows a forming round's progress (a terminal's redraws).
   std::optional<AssignmentMessage> assignment;  ///< Set for "rejoin" only.
 };
 

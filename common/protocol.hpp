@@ -4,7 +4,8 @@
 // payload is an object {"v": kProtocolVersion, "type": "<message>", ...}. Messages:
 //   join       agent->daemon  job, node, addr, nproc, labels{}, token, node_rank (-1: any),
 //                             gpus[{local_rank, bus_id, numa_node, switch, uuid}] (logged),
-//                             min_nodes, max_nodes, join_timeout_s, last_call_timeout_s
+//                             min_nodes, max_nodes, join_timeout_s, last_call_timeout_s,
+//                             progress (false: the agent shows no progress, so is sent none)
 //   rejoin     agent->daemon  the join's fields + assignment{group_rank, group_world_size,
 //                             world_size, rank_offset, master_addr, master_port}: a running
 //                             node re-registers after its connection broke (a daemon restart);
@@ -21,7 +22,8 @@
 //   heartbeat  agent->daemon  (no fields): any message renews the agent's lease
 //   done       agent->daemon  (no fields): this node's workers all succeeded
 //   progress   daemon->agent  joined, min_nodes, max_nodes, names[<= 8], remaining_s: a forming
-//                             round's state, at most once a second (a terminal shows it)
+//                             round's state, at most once a second, to the agents that show it
+//                             (on a terminal)
 //   membership daemon->agent  node: a node joins a running elastic job; re-join for a new round
 //   lost       daemon->agent  node: that node's agent vanished or went silent past its lease
 //   failed     both ways      job, node, reason: a worker failed; every agent stops its group

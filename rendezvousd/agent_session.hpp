@@ -53,6 +53,7 @@ class AgentSession : public FramedSession {
   uint64_t lease_id = 0;  ///< The GPUs and port this connection holds; 0: none.
   uint64_t generation = 0;
   bool done = false;  ///< The node reported that its workers all succeeded.
+  bool shows_progress = true;  ///< Its join asked for a forming round's progress.
 
   /// Paces the agent's heartbeats, never faster than before (one may be due at the old pace),
   /// and lets it be silent for three of them from now on; the interval to tell it.

@@ -351,6 +351,7 @@ void RendezvousServer::handle_join(const std::shared_ptr<AgentSession>& session,
     broadcast(old, {{"type", "membership"}, {"node", node.node}});
     old.deadline->cancel();
   }
+  session->shows_progress = message.progress;
   if (!join_round(job_id, session, node)) return;
   advance(job_id);
   schedule_progress(job_id);
@@ -370,9 +371,14 @@ void RendezvousServer::schedule_progress(const std::string& job_id) {
     for (const auto& [name, member] : forming.members)
       if (names.size() < kNamesShown) names.push_back(name);
     const auto remaining = std::chrono::duration<double>(forming.round->next_deadline() - Clock::now());
-    broadcast(forming, {{"type", "progress"}, {"joined", forming.members.size()},
-                        {"min_nodes", forming.settings.min_nodes}, {"max_nodes", forming.settings.max_nodes},
-                        {"names", names}, {"remaining_s", std::max(0.0, remaining.count())}});
+    // Only to the agents on a terminal: a round of 16,384 agents in batch jobs would be sent
+    // 16,384 frames a second that nobody reads.
+    const std::string frame = encode_frame(
+        {{"type", "progress"}, {"joined", forming.members.size()},
+         {"min_nodes", forming.settings.min_nodes}, {"max_nodes", forming.settings.max_nodes},
+         {"names", names}, {"remaining_s", std::max(0.0, remaining.count())}});
+    for (auto& [name, member] : forming.members)
+      if (auto agent = member.lock(); agent && agent->shows_progress) agent->send_frame(frame);
   });
 }
 
@@ -567,9 +573,10 @@ void RendezvousServer::advance(const std::string& job_id) {
 
 void RendezvousServer::broadcast(Job& job, const nlohmann::json& message,
                                  const std::string& except_node) {
+  const std::string frame = encode_frame(message);  // Once, however many nodes hear it.
   for (auto& [name, member] : job.members)
     if (name != except_node)
-      if (auto session = member.lock()) session->send(message);
+      if (auto session = member.lock()) session->send_frame(frame);
 }
 
 std::chrono::milliseconds RendezvousServer::heartbeat_interval() const {

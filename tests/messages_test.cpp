@@ -35,7 +35,8 @@ std::vector<Case> cases() {
                      {"nproc", 2}, {"master_port", 29500}, {"node_rank", -1},
                      {"labels", {{"rack", "r1"}}}, {"gpus", json::array({{{"bus_id", "0:1"}}})},
                      {"min_nodes", 1}, {"max_nodes", 2}, {"join_timeout_s", 120.0},
-                     {"last_call_timeout_s", 5.0}, {"token", "t"}, {"restart_count", 2}};
+                     {"last_call_timeout_s", 5.0}, {"token", "t"}, {"restart_count", 2},
+                     {"progress", false}};
   json rejoin = join;
   rejoin["type"] = "rejoin";
   rejoin["assignment"] = {{"group_rank", 0}, {"group_world_size", 2}, {"world_size", 4},

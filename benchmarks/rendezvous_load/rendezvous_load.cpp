@@ -81,7 +81,9 @@ std::string join_frame(const std::string& job, size_t node, size_t size) {
   return frame({{"v", 1}, {"type", "join"}, {"job", job}, {"node", "a" + std::to_string(node)},
                 {"addr", "127.0.0.1"}, {"nproc", 1}, {"master_port", 0}, {"node_rank", -1},
                 {"labels", json::object()}, {"min_nodes", size}, {"max_nodes", size},
-                {"join_timeout_s", 120}, {"last_call_timeout_s", 5}});
+                {"join_timeout_s", 120}, {"last_call_timeout_s", 5},
+                // As an agent in a batch job, whose stderr is no terminal, joins.
+                {"progress", false}});
 }
 
 const std::string kHeartbeat = frame({{"v", 1}, {"type", "heartbeat"}});

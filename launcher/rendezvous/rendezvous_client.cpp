@@ -76,10 +76,11 @@ Expected<void> RendezvousClient::connect() {
 Expected<Assignment> RendezvousClient::join(nlohmann::json join, std::chrono::milliseconds limit) {
   if (auto connected = connect(); !connected) return connected.error();
   if (!join.contains("addr") || join["addr"].get<std::string>().empty()) join["addr"] = local_address();
+  const bool show_progress = ::isatty(STDERR_FILENO);  // A CI log gets no redraws.
   join["type"] = "join";
+  join["progress"] = show_progress;
   join_ = join;
   std::optional<nlohmann::json> reply;
-  const bool show_progress = ::isatty(STDERR_FILENO);  // A CI log gets no redraws.
   bool progress_shown = false;
   on_message_ = [&](const nlohmann::json& message) {
     const std::string type = message_type(message);

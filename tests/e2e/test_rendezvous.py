@@ -397,13 +397,15 @@ def frame(message):
 class RawAgent:
     """An agent speaking the wire protocol by hand, so that a test decides when it is silent."""
 
-    def __init__(self, endpoint, job, node, nodes, assignment=None):
+    def __init__(self, endpoint, job, node, nodes, assignment=None, progress=None):
         """Joins; with `assignment` (the node's group rank), re-registers a running node instead."""
         host, port = endpoint.split(":")
         self.sock = socket.create_connection((host, int(port)), timeout=30)
         join = {"type": "join", "job": job, "node": node, "addr": "127.0.0.1", "nproc": 1,
                 "master_port": 0, "node_rank": -1, "labels": {}, "min_nodes": nodes,
                 "max_nodes": nodes, "join_timeout_s": 30, "last_call_timeout_s": 1}
+        if progress is not None:
+            join["progress"] = progress
         if assignment is not None:
             join.update(type="rejoin", assignment={
                 "group_rank": assignment, "group_world_size": nodes, "world_size": nodes,
@@ -542,6 +544,27 @@ class HeartbeatPace(RendezvousTestCase):
         # Over the 6 s the workers run (16 s on a loaded box): a's heartbeat due at the old pace,
         # nothing more (at 0.5 s, a dozen).
         self.assertLessEqual(self.metric("mcprun_heartbeats_total") - assigned, 2, self.read_log())
+
+
+class BatchAgents(RendezvousTestCase):
+    def setUp(self):
+        LauncherTestCase.setUp(self)
+        self.daemon_log = os.path.join(self.tmp, "rendezvousd.log")
+        self.start_daemon("127.0.0.1:0", lease="30")  # The raw agents send no heartbeat.
+
+    def test_an_agent_that_shows_no_progress_is_sent_none(self):
+        # A forming round's progress goes once a second to the agents on a terminal only: a round
+        # of 16,384 agents in batch jobs would otherwise be sent 16,384 frames a second.
+        on_terminal = RawAgent(self.endpoint, "forming", "a", 3)
+        in_batch = RawAgent(self.endpoint, "forming", "b", 3, progress=False)
+        self.addCleanup(on_terminal.close)
+        self.addCleanup(in_batch.close)
+        self.assertEqual(on_terminal.read()["type"], "joined")
+        self.assertEqual(in_batch.read()["type"], "joined")
+        self.assertEqual(on_terminal.read(timeout=10)["type"], "progress")
+        # The note went out in the same turn of the daemon's loop; the batch agent got none.
+        with self.assertRaises(socket.timeout):
+            in_batch.read(timeout=0.5)
 
 
 class DaemonRestart(RendezvousTestCase):
