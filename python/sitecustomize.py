@@ -101,16 +101,22 @@ class _ExitHandoff:
 
 
 def _gloo_workers():
-    """The thread ids of torch's gloo workers (torch 2.x names them pt_gloo_runloop)."""
-    workers = []
+    """The thread ids of torch's gloo workers: the threads named pt_gloo_runloop (torch 2.x), or,
+    where torch names none (1.x), every thread but this one."""
+    import _thread
+    named, others = [], []
+    me = str(_thread.get_native_id())
     try:
         for tid in os.listdir("/proc/self/task"):
+            if tid == me:
+                continue
+            others.append(tid)
             with open(f"/proc/self/task/{tid}/comm") as comm:
                 if comm.read().strip() == "pt_gloo_runloop":
-                    workers.append(tid)
+                    named.append(tid)
     except OSError:
-        pass  # A thread that ended meanwhile, or no /proc: nothing to wait for.
-    return workers
+        pass  # A thread that ended meanwhile, or no /proc: what was seen so far.
+    return named or others
 
 
 def _running(tid):
@@ -127,19 +133,21 @@ def _settle_gloo_workers():
     last reference to a tensor whose Python object the script has freed takes the GIL; once the
     interpreter finalises, Python ends that thread inside the work's noexcept destructor and the
     rank aborts with "terminate called without an active exception", under torchrun too (torch
-    2.13: ~AsyncAllreduceWork -> decref_pyobject -> PyEval_AcquireThread -> pthread_exit). Waits,
-    with the GIL free, until no worker runs; torch 1.x leaves its threads unnamed: not waited for."""
+    2.13: ~AsyncAllreduceWork -> decref_pyobject -> PyEval_AcquireThread -> pthread_exit; torch
+    1.13 aborts the same way, 1 job in 14 beside CPU hogs). Waits, with the GIL free, until no
+    worker runs (a preempted one is runnable: on a loaded box it is waited for too)."""
     if "torch.distributed" not in sys.modules:
         return
     workers = _gloo_workers()
     if not workers:
         return
     import time
-    deadline = time.monotonic() + _GLOO_SETTLE_S
+    started = time.monotonic()
     quiet = 0
-    while quiet < _GLOO_QUIET_LOOKS and time.monotonic() < deadline:
+    while quiet < _GLOO_QUIET_LOOKS and time.monotonic() < started + _GLOO_SETTLE_S:
         time.sleep(0.005)  # The GIL free: a worker waiting for it takes it now.
         quiet = 0 if any(_running(tid) for tid in workers) else quiet + 1
+    _debug(f"exit waited {time.monotonic() - started:.3f} s for {len(workers)} thread(s) to settle")
 
 
 def _wait_then_report(main_thread_id, interval_s, handoff):

@@ -32,7 +32,9 @@ print(f"rank {dist.get_rank()} done", flush=True)
 # All-reduces of temporaries, then the end: torch's gloo worker holds each tensor's last
 # reference and frees it, with the GIL, just after the collective completes; an interpreter that
 # finalises meanwhile ends that thread in a noexcept destructor (torch's own race: under torchrun
-# 2.13 this aborted 5 of 12 jobs here). mcprun's exit waits for the workers to finish.
+# 2.13 this aborted 5 of 12 jobs here; under mcprun on torch 1.13, whose threads are unnamed,
+# 1 of 14 beside the hogs until exit waited for every thread). mcprun's exit waits for the
+# workers to finish.
 TEMPORARIES = r'''
 import torch, torch.distributed as dist
 dist.init_process_group("gloo")
