@@ -269,7 +269,7 @@ class Chaos(unittest.TestCase):
             env = dict(os.environ, CHAOS_TAG=f"{self.tag}-{job.name}", CHAOS_DIR=round_dir,
                        CHAOS_JOB=job.name, CHAOS_SLEEP=str(job.sleep), CHAOS_PAD="x" * 200,
                        CHAOS_FAIL_RANK=str(job.fail_rank), CHAOS_FAIL_ATTEMPTS=str(job.fail_attempts),
-                       MCPRUN_SYSFS_ROOT=self.no_gpus, MCPRUN_DAEMON="",
+                       MCPRUN_SYSFS_ROOT=self.no_gpus, MCPRUN_DAEMON="", TMPDIR=round_dir,
                        PATH="/usr/bin:/bin:" + os.environ.get("PATH", ""))
             flags = ["-n", str(job.nproc), "--rdzv-id", job.name, "--max-restarts", str(job.restarts),
                      "--timeout", str(JOB_TIMEOUT_S), "--term-timeout", "1",
