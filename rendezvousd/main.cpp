@@ -11,8 +11,8 @@
 #include <cstdlib>
 #include <functional>
 #include <optional>
-#include <thread>
 #include <string>
+#include <thread>
 
 #include "common/connection_limits.hpp"
 #include "common/descriptor_limit.hpp"
@@ -83,8 +83,8 @@ std::string status_line(const ServerLoad& load) {
 }
 
 /// A quiet loop waits this long after each round of handlers, so that idle agents' heartbeats
-/// wake the daemon in batches: 16,384 agents' cost 1.0 % of a core woken for each, 0.7 % so.
-/// A reply is at most that much later, which nothing a daemon answers notices.
+/// wake the daemon in batches: woken for each, 16,384 paced agents cost it 1.0 % of a core; in
+/// rounds, 0.7 %. A reply is at most that much later, which nothing the daemon answers notices.
 constexpr std::chrono::milliseconds kQuietRoundGap{20};
 /// Handlers in one round from which the loop is busy (a round forming) and goes straight on.
 constexpr size_t kBusyRound = 64;
