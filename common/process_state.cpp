@@ -4,8 +4,8 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <charconv>
 #include <filesystem>
-
 #include <fstream>
 #include <iterator>
 #include <vector>
@@ -20,15 +20,42 @@ std::string read_text(const std::string& path) {
 
 }  // namespace
 
-std::optional<ProcessRunState> parse_run_state(std::string_view stat, std::string_view wchan) {
-  // "PID (COMM) S ...": COMM is the process's to choose, so the state follows the last ')'.
+namespace {
+
+/// /proc/PID/stat's fields after the command name, the state first; empty for text that is not
+/// a stat line. The command is the process's to choose (spaces, parentheses): it ends at the
+/// last ')'.
+std::vector<std::string_view> fields_after_command(std::string_view stat) {
   const size_t close = stat.rfind(')');
-  if (close == std::string_view::npos || close + 2 >= stat.size() || stat[close + 1] != ' ')
-    return std::nullopt;
+  if (close == std::string_view::npos || close + 2 >= stat.size() || stat[close + 1] != ' ') return {};
+  std::vector<std::string_view> fields;
+  for (size_t at = close + 2; at < stat.size();) {
+    const size_t end = stat.find_first_of(" \n", at);
+    fields.push_back(stat.substr(at, end - at));
+    if (end == std::string_view::npos) break;
+    at = end + 1;
+  }
+  return fields;
+}
+
+/// Fields after the command: state 0, utime 11, stime 12, starttime 19.
+double field_ticks(const std::vector<std::string_view>& fields, size_t index) {
+  double ticks = 0;
+  if (index < fields.size())
+    std::from_chars(fields[index].data(), fields[index].data() + fields[index].size(), ticks);
+  return ticks;
+}
+
+}  // namespace
+
+std::optional<ProcessRunState> parse_run_state(std::string_view stat, std::string_view wchan) {
+  const std::vector<std::string_view> fields = fields_after_command(stat);
+  if (fields.empty() || fields[0].empty()) return std::nullopt;
   ProcessRunState state;
-  state.state = stat[close + 2];
+  state.state = fields[0][0];
   state.wchan = std::string(wchan.substr(0, wchan.find_first_of("\n")));
   if (state.wchan == "0") state.wchan.clear();
+  state.cpu_s = (field_ticks(fields, 11) + field_ticks(fields, 12)) / static_cast<double>(sysconf(_SC_CLK_TCK));
   return state;
 }
 
@@ -72,17 +99,8 @@ std::optional<std::string> busiest_process_beside(pid_t pid) {
     const pid_t other = std::stoi(name);
     if (other == pid || getpgid(other) == own_group) continue;
     const std::string stat = read_text(entry.path().string() + "/stat");
-    const size_t close = stat.rfind(')');
-    if (close == std::string::npos || close + 2 >= stat.size() || stat[close + 2] != 'R') continue;
-    // Fields after the command: state is 0, utime 11, stime 12, starttime 19.
-    std::vector<std::string> fields;
-    for (size_t at = close + 2; at < stat.size();) {
-      const size_t end = stat.find(' ', at);
-      fields.push_back(stat.substr(at, end - at));
-      if (end == std::string::npos) break;
-      at = end + 1;
-    }
-    if (fields.size() < 20) continue;
+    const std::vector<std::string_view> fields = fields_after_command(stat);
+    if (fields.size() < 20 || fields[0] != "R") continue;
     cpu_set_t its;
     bool shares = false;
     if (sched_getaffinity(other, sizeof its, &its) == 0) {
@@ -91,12 +109,13 @@ std::optional<std::string> busiest_process_beside(pid_t pid) {
       shares = CPU_COUNT(&both) > 0;
     }
     if (!shares) continue;
-    const double alive_s = uptime_s - std::stod(fields[19]) / ticks_per_s;
+    const double alive_s = uptime_s - field_ticks(fields, 19) / ticks_per_s;
     if (alive_s < 1) continue;
-    const double share = (std::stod(fields[11]) + std::stod(fields[12])) / ticks_per_s / alive_s;
+    const double share = (field_ticks(fields, 11) + field_ticks(fields, 12)) / ticks_per_s / alive_s;
     if (share <= busiest_share) continue;
     busiest_share = share;
-    const std::string command = stat.substr(stat.find('(') + 1, close - stat.find('(') - 1);
+    const size_t open = stat.find('('), close = stat.rfind(')');
+    const std::string command = stat.substr(open + 1, close - open - 1);
     busiest = fmt::format("pid {} ({}) at {:.0f}% of a CPU", other, command, 100 * share);
   }
   return busiest;

@@ -14,6 +14,7 @@ namespace mcprun {
 struct ProcessRunState {
   char state = '?';   ///< /proc/PID/stat's third field: R, S, D, T, t, Z...
   std::string wchan;  ///< /proc/PID/wchan: the kernel function it waits in; "" or "0": none.
+  double cpu_s = 0;   ///< CPU time its threads used, user and system.
 };
 
 /// Parses /proc/PID/stat's text (the command name may hold spaces and parentheses) and wchan's;

@@ -44,6 +44,8 @@ class Job {
   }
   std::optional<CollectiveStall> check() const { return watch_.check(now_); }
   CollectiveWatch& watch() { return watch_; }
+  /// This second's CPU time of `rank`'s process, as the kernel on its node counts it.
+  void kernel_cpu(int rank, double cpu_s) { watch_.observe_cpu(rank, 100 + rank, cpu_s, now_); }
 
  private:
   int world_;
@@ -285,6 +287,37 @@ TEST(CollectiveWatch, AReporterThatFellSilentIsSaidToBe) {
   auto stall = job.check();
   ASSERT_TRUE(stall);
   EXPECT_NE(stall->states.at(1).find("its reporter cannot run"), std::string::npos);
+}
+
+TEST(CollectiveWatch, ARankBusyInACallThatHoldsTheGilIsProgressByItsKernelCpu) {
+  // Rank 1 checkpoints in one long C call that never releases the GIL: its reporter cannot
+  // write a record, but its node's kernel sees its core busy.
+  Job job(2);
+  double cpu = 0;
+  for (int second = 0; second < 3 * kTimeout; ++second) {
+    job.second([&](int rank, ProgressRecord& record) {
+      record.completed = 4;
+      if (rank == 0) record.pending = {call("barrier", 5, "0", {0, 1})};
+      return rank == 0 || second < 2;
+    });
+    job.kernel_cpu(1, cpu += 0.9);
+    EXPECT_FALSE(job.check()) << "at " << second << " s";
+  }
+}
+
+TEST(CollectiveWatch, ASilentRankWhoseKernelCpuStandsStillIsAStall) {
+  Job job(2);
+  for (int second = 0; second < 12; ++second) {
+    job.second([&](int rank, ProgressRecord& record) {
+      record.completed = 4;
+      if (rank == 0) record.pending = {call("barrier", 5, "0", {0, 1})};
+      return rank == 0 || second < 2;
+    });
+    job.kernel_cpu(1, 3.0 + 0.001 * second);  // Blocked in C with the GIL held: no CPU.
+  }
+  auto stall = job.check();
+  ASSERT_TRUE(stall);
+  EXPECT_EQ(stall->missing, (std::vector<int>{1}));
 }
 
 TEST(CollectiveWatch, RanksInCollectivesSayWhereEachWasWithoutJudging) {

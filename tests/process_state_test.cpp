@@ -36,6 +36,12 @@ TEST(ProcessState, UninterruptibleSleepNamesTheKernelFunction) {
       << *words;
 }
 
+TEST(ProcessState, CpuTimeIsUserAndSystemTicks) {
+  const auto state = parse_run_state(kUninterruptibleStat, "request_wait_answer\n");
+  ASSERT_TRUE(state);
+  EXPECT_DOUBLE_EQ(state->cpu_s, (310.0 + 41.0) / static_cast<double>(sysconf(_SC_CLK_TCK)));
+}
+
 TEST(ProcessState, CgroupFreezerIsNamed) {
   const auto state = parse_run_state("77 (python3) S 1 77 77 0 -1", "do_freezer_trap");
   ASSERT_TRUE(state);

@@ -237,6 +237,17 @@ CollectiveStall collective_stall_from_json(const nlohmann::json& json) {
   return stall;
 }
 
+namespace {
+
+/// Whether a rank's CPU counts as progress: a rank waiting in a collective may spin (NCCL), so
+/// only ranks outside one count, and those in backward(), whose CPU computes gradients.
+bool computing(const ProgressRecord& record) {
+  return std::all_of(record.pending.begin(), record.pending.end(),
+                     [](const PendingCollective& pending) { return pending.in_backward; });
+}
+
+}  // namespace
+
 CollectiveWatch::CollectiveWatch(double timeout_s, double interval_s, Clock::time_point now)
     : timeout_s_(timeout_s), interval_s_(interval_s), last_progress_(now) {}
 
@@ -252,13 +263,21 @@ void CollectiveWatch::observe(ProgressRecord record, Clock::time_point now) {
   if (record.number <= view.last.number) return;  // Late or replayed: nothing new.
   const double wall = seconds_between(view.received, now);
   const bool completed_more = record.completed > view.last.completed;
-  // A rank waiting in a collective may spin (NCCL): only ranks outside one count as busy, and
-  // those in backward(), whose CPU computes gradients.
-  const bool computing = std::all_of(record.pending.begin(), record.pending.end(),
-                                     [](const PendingCollective& pending) { return pending.in_backward; });
-  const bool busy = computing && wall > 0 && (record.cpu_s - view.last.cpu_s) >= kBusyCpuShare * wall;
+  const bool busy = computing(record) && wall > 0 && (record.cpu_s - view.last.cpu_s) >= kBusyCpuShare * wall;
   if (completed_more || busy) last_progress_ = now;
-  view = {std::move(record), now};
+  view.last = std::move(record);
+  view.received = now;
+}
+
+void CollectiveWatch::observe_cpu(int rank, pid_t pid, double cpu_s, Clock::time_point now) {
+  auto it = ranks_.find(rank);
+  if (it == ranks_.end() || it->second.last.pid != pid) return;  // Judged by its records first.
+  RankView& view = it->second;
+  const double wall = view.kernel_cpu_s < 0 ? 0 : seconds_between(view.kernel_at, now);
+  if (computing(view.last) && wall > 0 && cpu_s - view.kernel_cpu_s >= kBusyCpuShare * wall)
+    last_progress_ = now;
+  view.kernel_cpu_s = cpu_s;
+  view.kernel_at = now;
 }
 
 void CollectiveWatch::rank_ended(int rank, std::string how) { ended_[rank] = std::move(how); }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <sys/types.h>
 
 #include <chrono>
 #include <cstdint>
@@ -116,6 +117,11 @@ class CollectiveWatch {
   CollectiveWatch(double timeout_s, double interval_s, Clock::time_point now);
 
   void observe(ProgressRecord record, Clock::time_point now);
+  /// Process `pid`'s CPU seconds as this node's kernel counts them, for a rank it runs: busy
+  /// evidence that no late record can hold back (a reporter waiting for the GIL behind a main
+  /// thread in a long C call, or starved of CPU). Counted as a record's CPU is: outside a
+  /// collective, or in backward().
+  void observe_cpu(int rank, pid_t pid, double cpu_s, Clock::time_point now);
   /// A local rank ended; "exit code 0".
   void rank_ended(int rank, std::string how);
   /// The stall, once the job has made no progress for the timeout with a collective pending.
@@ -130,6 +136,8 @@ class CollectiveWatch {
   struct RankView {
     ProgressRecord last;
     Clock::time_point received;
+    double kernel_cpu_s = -1;  ///< observe_cpu's last sample; -1: none yet.
+    Clock::time_point kernel_at{};
   };
   /// Where `rank` is; a pending call other than `stalled` (when given) is named a mismatch.
   std::string state_of(int rank, const PendingCollective* stalled, Clock::time_point now) const;

@@ -180,8 +180,11 @@ void StallWatch::arm_collective_check() {
 void StallWatch::on_collective_check() {
   if (!armed_ || stalled_ || !collectives_) return;
   if (hooks_.workers)
-    for (const WorkerStatus& worker : hooks_.workers())
+    for (const WorkerStatus& worker : hooks_.workers()) {
       if (worker.pid > 0 && !worker.running) collectives_->rank_ended(worker.rank, worker.ended);
+      else if (auto state = worker.pid > 0 ? read_run_state(worker.pid) : std::nullopt)
+        collectives_->observe_cpu(worker.rank, worker.pid, state->cpu_s, Clock::now());
+    }
   auto stall = collectives_->check(Clock::now());
   if (!stall) {
     check_stragglers();

@@ -4,10 +4,11 @@ import glob
 import json
 import os
 import re
+import signal
 import subprocess
 import time
 
-from harness import PYTHON, TORCH2, LauncherTestCase
+from harness import PYTHON, TORCH2, LauncherTestCase, wait_for
 
 # Every rank records its pid, initialises gloo, then does what $SCENARIO says for its rank.
 WORKER = r'''
@@ -128,7 +129,19 @@ elif scenario == "wedged_peer":
 elif scenario == "busy_rank0":
     dist.barrier()
     if rank == 0:
+        open(os.path.join(os.environ["MCPRUN_TEST_DIR"], "rank0-busy"), "w").close()
         busy(hold)  # Checkpointing or evaluating while the others wait.
+    dist.barrier()
+elif scenario == "gil_held_rank0":
+    dist.barrier()
+    if rank == 0:
+        busy(2)  # Records show it in user code, computing.
+        started = time.monotonic()
+        sum(range(10**6))
+        per_million = time.monotonic() - started
+        # Then one C call that never releases the GIL (a pickle of a checkpoint, a C extension):
+        # its reporter cannot run until it returns.
+        sum(range(int(hold / per_million * 10**6)))
     dist.barrier()
 elif scenario == "long_step":
     ddp_steps(1)
@@ -302,6 +315,28 @@ class CollectiveStallTest(CollectiveStallCase):
 
     def test_rank_0_busy_for_three_timeouts_while_the_others_wait_is_no_stall(self):
         code, out, err, elapsed = self.launch("busy_rank0", hold=3 * TIMEOUT)
+        self.assertEqual(code, 0, err)
+        self.assertGreater(elapsed, 3 * TIMEOUT)
+        self.assertEqual(out.count(" done"), 3, out)
+
+    def test_a_watching_node_held_up_past_the_timeout_judges_no_stall_when_it_resumes(self):
+        # The node that judges the job (its store, its watch) is stopped for twice the timeout,
+        # as a host that swaps or a paused VM is, while rank 0 computes and the others wait: on
+        # resuming, what the ranks sent meanwhile must be read before anything is judged.
+        env = dict(self.env, SCENARIO="busy_rank0", HOLD_S=str(4 * TIMEOUT))
+        launcher = self.start("-n", "3", "--collective-timeout", str(TIMEOUT),
+                              self.script("worker.py", WORKER), env=env)
+        self.assertTrue(wait_for(lambda: os.path.exists(os.path.join(self.tmp, "rank0-busy")), 60))
+        os.kill(launcher.pid, signal.SIGSTOP)
+        time.sleep(2 * TIMEOUT)  # The hold-up itself.
+        os.kill(launcher.pid, signal.SIGCONT)
+        out, err = launcher.communicate(timeout=120)
+        self.assertEqual(launcher.returncode, 0, err)
+        self.assertEqual(out.count(" done"), 3, out)
+
+    def test_rank_0_busy_in_a_call_that_holds_the_gil_is_no_stall(self):
+        # Its reporter writes no record for three timeouts; its node's kernel sees it compute.
+        code, out, err, elapsed = self.launch("gil_held_rank0", hold=3 * TIMEOUT)
         self.assertEqual(code, 0, err)
         self.assertGreater(elapsed, 3 * TIMEOUT)
         self.assertEqual(out.count(" done"), 3, out)
