@@ -18,10 +18,6 @@ std::string read_text(const std::string& path) {
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
-}  // namespace
-
-namespace {
-
 /// /proc/PID/stat's fields after the command name, the state first; empty for text that is not
 /// a stat line. The command is the process's to choose (spaces, parentheses): it ends at the
 /// last ')'.
