@@ -4,10 +4,12 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <tuple>
 #include <vector>
 
 namespace mcprun {
@@ -60,6 +62,48 @@ std::optional<ProcessRunState> read_run_state(pid_t pid) {
   const std::string stat = read_text(dir + "stat");
   if (stat.empty()) return std::nullopt;
   return parse_run_state(stat, read_text(dir + "wchan"));
+}
+
+std::optional<std::pair<double, double>> parse_schedstat(std::string_view text) {
+  uint64_t run_ns = 0, wait_ns = 0;
+  const char* const end = text.data() + text.size();
+  auto [after_run, run_error] = std::from_chars(text.data(), end, run_ns);
+  if (run_error != std::errc() || after_run == end || *after_run != ' ') return std::nullopt;
+  if (std::from_chars(after_run + 1, end, wait_ns).ec != std::errc()) return std::nullopt;
+  return std::pair{static_cast<double>(run_ns) / 1e9, static_cast<double>(wait_ns) / 1e9};
+}
+
+std::optional<int64_t> parse_io_bytes(std::string_view text) {
+  auto counter = [text](std::string_view name) -> std::optional<int64_t> {
+    for (size_t at = 0; at < text.size();) {
+      const size_t end = std::min(text.find('\n', at), text.size());
+      const std::string_view line = text.substr(at, end - at);
+      if (line.starts_with(name) && line.substr(name.size()).starts_with(": ")) {
+        int64_t value = 0;
+        const std::string_view digits = line.substr(name.size() + 2);
+        if (std::from_chars(digits.data(), digits.data() + digits.size(), value).ec != std::errc())
+          return std::nullopt;
+        return value;
+      }
+      at = end + 1;
+    }
+    return std::nullopt;
+  };
+  const auto read = counter("rchar"), written = counter("wchar");
+  if (!read || !written) return std::nullopt;
+  return *read + *written;
+}
+
+std::optional<ProcessActivity> read_process_activity(pid_t pid) {
+  const auto state = read_run_state(pid);
+  if (!state) return std::nullopt;
+  ProcessActivity activity;
+  activity.cpu_s = state->cpu_s;
+  const std::string main_thread = fmt::format("/proc/{}/task/{}/", pid, pid);
+  if (const auto times = parse_schedstat(read_text(main_thread + "schedstat")))
+    std::tie(activity.main_run_s, activity.main_run_delay_s) = *times;
+  if (const auto bytes = parse_io_bytes(read_text(main_thread + "io"))) activity.main_io_bytes = *bytes;
+  return activity;
 }
 
 std::optional<std::string> describe_not_running(const ProcessRunState& state) {

@@ -44,8 +44,12 @@ class Job {
   }
   std::optional<CollectiveStall> check() const { return watch_.check(now_); }
   CollectiveWatch& watch() { return watch_; }
-  /// This second's CPU time of `rank`'s process, as the kernel on its node counts it.
-  void kernel_cpu(int rank, double cpu_s) { watch_.observe_cpu(rank, 100 + rank, cpu_s, now_); }
+  /// What the kernel on its node counts of `rank`'s process this second.
+  void kernel(int rank, const ProcessActivity& activity) {
+    watch_.observe_kernel(rank, 100 + rank, activity, now_);
+  }
+  /// Its CPU time alone, from a kernel that counts nothing of its threads.
+  void kernel_cpu(int rank, double cpu_s) { kernel(rank, {.cpu_s = cpu_s}); }
 
  private:
   int world_;
@@ -318,6 +322,109 @@ TEST(CollectiveWatch, ASilentRankWhoseKernelCpuStandsStillIsAStall) {
   auto stall = job.check();
   ASSERT_TRUE(stall);
   EXPECT_EQ(stall->missing, (std::vector<int>{1}));
+}
+
+TEST(CollectiveWatch, ARankBusyBeforeItsFirstRecordIsProgressByItsKernelCpu) {
+  // Rank 0 prepares data in one GIL-holding call right after init: its reporter has sent
+  // nothing yet, and rank 1 waits at the barrier. The common pattern; never a stall.
+  Job job(2);
+  double cpu = 0;
+  for (int second = 0; second < 3 * kTimeout; ++second) {
+    job.second([&](int rank, ProgressRecord& record) {
+      record.pending = {call("barrier", 2, "0", {0, 1})};
+      return rank == 1;
+    });
+    job.kernel_cpu(0, cpu += 0.9);
+    EXPECT_FALSE(job.check()) << "at " << second << " s";
+  }
+}
+
+TEST(CollectiveWatch, ARankWithNoRecordWhoseKernelCountsStandStillIsAStall) {
+  // Rank 0 blocked on a lock before its reporter sent anything: no CPU, no wait, no I/O.
+  Job job(2);
+  for (int second = 0; second < 12; ++second) {
+    job.second([&](int rank, ProgressRecord& record) {
+      record.pending = {call("barrier", 2, "0", {0, 1})};
+      return rank == 1;
+    });
+    job.kernel(0, {.cpu_s = 1 + 0.001 * second, .main_run_s = 0.5, .main_run_delay_s = 0.1,
+                   .main_io_bytes = 4096});
+  }
+  auto stall = job.check();
+  ASSERT_TRUE(stall);
+  EXPECT_EQ(stall->missing, (std::vector<int>{0}));
+  EXPECT_EQ(stall->states.at(0), "sent no progress record: no process group seen");
+}
+
+TEST(CollectiveWatch, ARankThatWaitsForACpuItIsNotGivenIsProgress) {
+  // A box at load 8: rank 1 computes in a GIL-holding call but runs 2 % of each second and waits
+  // for a CPU the rest; its kernel CPU alone is far under the busy share.
+  Job job(2);
+  ProcessActivity activity{.cpu_s = 1, .main_run_s = 1, .main_run_delay_s = 0, .main_io_bytes = 0};
+  for (int second = 0; second < 3 * kTimeout; ++second) {
+    job.second([&](int rank, ProgressRecord& record) {
+      record.completed = 4;
+      if (rank == 0) record.pending = {call("barrier", 5, "0", {0, 1})};
+      return rank == 0 || second < 2;
+    });
+    activity.cpu_s += 0.02;
+    activity.main_run_s += 0.02;
+    activity.main_run_delay_s += 0.97;
+    job.kernel(1, activity);
+    EXPECT_FALSE(job.check()) << "at " << second << " s";
+  }
+}
+
+TEST(CollectiveWatch, ARankWhoseMainThreadReadsOrWritesIsProgress) {
+  // Rank 1 loads a checkpoint from a slow file system: little CPU, but its reads go on.
+  Job job(2);
+  ProcessActivity activity{.cpu_s = 1, .main_run_s = 1, .main_run_delay_s = 0, .main_io_bytes = 0};
+  for (int second = 0; second < 3 * kTimeout; ++second) {
+    job.second([&](int rank, ProgressRecord& record) {
+      record.completed = 4;
+      if (rank == 0) record.pending = {call("barrier", 5, "0", {0, 1})};
+      return rank == 0 || second < 2;
+    });
+    activity.main_io_bytes += 1 << 20;
+    job.kernel(1, activity);
+    EXPECT_FALSE(job.check()) << "at " << second << " s";
+  }
+}
+
+TEST(CollectiveWatch, KernelCountsOfARankInACollectiveAreNoProgress) {
+  // Rank 1 spins in a collective (NCCL's busy wait) that rank 0 never joins: its CPU is no
+  // evidence of anything but the wait.
+  Job job(2);
+  ProcessActivity activity{.cpu_s = 1, .main_run_s = 1, .main_run_delay_s = 0, .main_io_bytes = 0};
+  for (int second = 0; second < 12; ++second) {
+    job.second([&](int rank, ProgressRecord& record) {
+      record.completed = 4;
+      record.pending = {rank == 1 ? call("all_reduce", 5, "0", {0, 1}) : call("barrier", 5, "0", {0, 1})};
+      return true;
+    });
+    activity.cpu_s += 1;
+    activity.main_run_s += 1;
+    activity.main_io_bytes += 100;
+    job.kernel(1, activity);
+  }
+  EXPECT_TRUE(job.check());
+}
+
+TEST(CollectiveWatch, ARecordsWaitForACpuIsProgressOutsideACollective) {
+  // A remote rank on a loaded node: its reporter still writes, and its main thread got 3 % of a
+  // core and waited for one the rest of each second.
+  Job job(2);
+  double cpu = 0, delay = 0;
+  for (int second = 0; second < 3 * kTimeout; ++second) {
+    job.second([&](int rank, ProgressRecord& record) {
+      record.completed = 4;
+      if (rank == 0) record.pending = {call("barrier", 5, "0", {0, 1})};
+      record.cpu_s = rank == 1 ? (cpu += 0.03) : 0;
+      record.run_delay_s = rank == 1 ? (delay += 0.95) : 0;
+      return true;
+    });
+    EXPECT_FALSE(job.check()) << "at " << second << " s";
+  }
 }
 
 TEST(CollectiveWatch, RanksInCollectivesSayWhereEachWasWithoutJudging) {

@@ -3,7 +3,10 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
+
+#include <cstdint>
 
 
 namespace mcprun {
@@ -40,6 +43,59 @@ TEST(ProcessState, CpuTimeIsUserAndSystemTicks) {
   const auto state = parse_run_state(kUninterruptibleStat, "request_wait_answer\n");
   ASSERT_TRUE(state);
   EXPECT_DOUBLE_EQ(state->cpu_s, (310.0 + 41.0) / static_cast<double>(sysconf(_SC_CLK_TCK)));
+}
+
+TEST(ProcessState, SchedstatIsSecondsOnACpuAndWaitingForOne) {
+  const auto times = parse_schedstat("91745723 22555275 239\n");
+  ASSERT_TRUE(times);
+  EXPECT_DOUBLE_EQ(times->first, 0.091745723);
+  EXPECT_DOUBLE_EQ(times->second, 0.022555275);
+  EXPECT_FALSE(parse_schedstat(""));
+  EXPECT_FALSE(parse_schedstat("91745723"));
+  EXPECT_FALSE(parse_schedstat("x 1 2"));
+}
+
+TEST(ProcessState, IoBytesAreReadPlusWritten) {
+  EXPECT_EQ(parse_io_bytes("rchar: 85342\nwchar: 4100\nsyscr: 23684\nsyscw: 168\nread_bytes: 0\n"),
+            85342 + 4100);
+  EXPECT_FALSE(parse_io_bytes("rchar: 85342\n"));  // No wchar: not counted, not zero.
+  EXPECT_FALSE(parse_io_bytes("rchar: many\nwchar: 1\n"));
+}
+
+TEST(ProcessState, AComputingProcessRunsOrWaitsToRunAndASleepingOneDoesNeither) {
+  auto start = [](bool compute) {
+    const pid_t child = fork();
+    if (child == 0) {
+      volatile uint64_t count = 0;
+      while (compute) count = count + 1;
+      pause();
+      _exit(0);
+    }
+    return child;
+  };
+  const pid_t computing = start(true), sleeping = start(false);
+  ASSERT_GT(computing, 0);
+  ASSERT_GT(sleeping, 0);
+  const auto computing_before = read_process_activity(computing);
+  const auto sleeping_before = read_process_activity(sleeping);
+  timespec pause_for{0, 300'000'000};
+  nanosleep(&pause_for, nullptr);
+  const auto computing_after = read_process_activity(computing);
+  const auto sleeping_after = read_process_activity(sleeping);
+  for (pid_t child : {computing, sleeping}) {
+    kill(child, SIGKILL);
+    waitpid(child, nullptr, 0);
+  }
+  ASSERT_TRUE(computing_before && computing_after && sleeping_before && sleeping_after);
+  EXPECT_FALSE(read_process_activity(computing));  // Reaped: gone.
+  if (computing_after->main_run_s < 0) GTEST_SKIP() << "this kernel keeps no schedstats";
+  auto run_or_wait = [](const ProcessActivity& before, const ProcessActivity& after) {
+    return (after.main_run_s - before.main_run_s) + (after.main_run_delay_s - before.main_run_delay_s);
+  };
+  // On a CPU or waiting for one for most of the pause, however loaded the box; the sleeper
+  // neither, however loaded.
+  EXPECT_GT(run_or_wait(*computing_before, *computing_after), 0.2);
+  EXPECT_LT(run_or_wait(*sleeping_before, *sleeping_after), 0.01);
 }
 
 TEST(ProcessState, CgroupFreezerIsNamed) {

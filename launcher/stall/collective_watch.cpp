@@ -8,6 +8,7 @@
 #include <tuple>
 #include <utility>
 
+#include "common/logging.hpp"
 #include "common/topology.hpp"
 
 namespace mcprun {
@@ -246,6 +247,19 @@ bool computing(const ProgressRecord& record) {
                      [](const PendingCollective& pending) { return pending.in_backward; });
 }
 
+/// Whether a process computed between two looks `wall` seconds apart: its CPU, its main thread
+/// running or waiting to run (a loaded box gives a computing rank little CPU, but then it waits
+/// for it), or its main thread's reads and writes (printing, loading a file). A rank blocked on
+/// a lock, a pipe or a peer does none of these; its reporter's own CPU is far below the share.
+bool kernel_busy(const ProcessActivity& before, const ProcessActivity& after, double wall) {
+  const double busy_s = kBusyCpuShare * wall;
+  if (after.cpu_s - before.cpu_s >= busy_s) return true;
+  if (before.main_run_s >= 0 && after.main_run_s >= 0 &&
+      (after.main_run_s - before.main_run_s) + (after.main_run_delay_s - before.main_run_delay_s) >= busy_s)
+    return true;
+  return before.main_io_bytes >= 0 && after.main_io_bytes > before.main_io_bytes;
+}
+
 }  // namespace
 
 CollectiveWatch::CollectiveWatch(double timeout_s, double interval_s, Clock::time_point now)
@@ -263,21 +277,39 @@ void CollectiveWatch::observe(ProgressRecord record, Clock::time_point now) {
   if (record.number <= view.last.number) return;  // Late or replayed: nothing new.
   const double wall = seconds_between(view.received, now);
   const bool completed_more = record.completed > view.last.completed;
-  const bool busy = computing(record) && wall > 0 && (record.cpu_s - view.last.cpu_s) >= kBusyCpuShare * wall;
+  // Its CPU, or its main thread's wait for a CPU that a loaded box did not give it.
+  const double busy_s = (record.cpu_s - view.last.cpu_s) + (record.run_delay_s - view.last.run_delay_s);
+  const bool busy = computing(record) && wall > 0 && busy_s >= kBusyCpuShare * wall;
   if (completed_more || busy) last_progress_ = now;
   view.last = std::move(record);
   view.received = now;
 }
 
-void CollectiveWatch::observe_cpu(int rank, pid_t pid, double cpu_s, Clock::time_point now) {
-  auto it = ranks_.find(rank);
-  if (it == ranks_.end() || it->second.last.pid != pid) return;  // Judged by its records first.
-  RankView& view = it->second;
-  const double wall = view.kernel_cpu_s < 0 ? 0 : seconds_between(view.kernel_at, now);
-  if (computing(view.last) && wall > 0 && cpu_s - view.kernel_cpu_s >= kBusyCpuShare * wall)
-    last_progress_ = now;
-  view.kernel_cpu_s = cpu_s;
-  view.kernel_at = now;
+void CollectiveWatch::observe_kernel(int rank, pid_t pid, const ProcessActivity& activity,
+                                     Clock::time_point now) {
+  KernelSample& sample = kernel_[rank];
+  const double wall = seconds_between(sample.at, now);
+  if (sample.pid == pid && wall > 0) {
+    auto view = ranks_.find(rank);
+    // Its reporter sends a first record only once the process group exists, and none while a
+    // call holds the GIL: until then, only the kernel knows whether the rank computes.
+    const bool may_compute =
+        view == ranks_.end() || view->second.last.pid != pid || computing(view->second.last);
+    if (may_compute && kernel_busy(sample.activity, activity, wall)) {
+      // Said only where the records are silent: the case this evidence exists for.
+      const bool silent =
+          view == ranks_.end() || seconds_between(view->second.received, now) > 2 * interval_s_;
+      if (silent)
+        spdlog::debug("collective watch: rank {} (pid {}), no recent record, is busy by its kernel "
+                      "counts: CPU {:.2f} s, main thread on a CPU {:.2f} s and waiting for one "
+                      "{:.2f} s, in {:.2f} s",
+                      rank, pid, activity.cpu_s - sample.activity.cpu_s,
+                      activity.main_run_s - sample.activity.main_run_s,
+                      activity.main_run_delay_s - sample.activity.main_run_delay_s, wall);
+      last_progress_ = now;
+    }
+  }
+  sample = {pid, activity, now};
 }
 
 void CollectiveWatch::rank_ended(int rank, std::string how) { ended_[rank] = std::move(how); }

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/expected.hpp"
+#include "common/process_state.hpp"
 
 namespace mcprun {
 
@@ -28,8 +29,10 @@ inline constexpr std::string_view kFlightRecorderDumpKey = "/mcprun/flight_recor
 inline constexpr std::chrono::seconds kFlightRecorderDumpTimeout{5};
 /// How often each reporter publishes (MCPRUN_PROGRESS_INTERVAL_S, which tests shorten).
 inline constexpr double kProgressIntervalSeconds = 1.0;
-/// A rank outside any collective that used this share of a core since its last record is busy
-/// (evaluating, checkpointing): progress. The reporter itself costs well under 1 %.
+/// A rank outside any collective that used this share of a core since its last look, or whose
+/// main thread ran or waited for a CPU that long, is busy (evaluating, checkpointing): progress.
+/// The reporter itself costs well under 1 %; a computing thread on a loaded box waits for the
+/// CPU it does not get, so running plus waiting is near 100 % whatever its share.
 inline constexpr double kBusyCpuShare = 0.1;
 /// A rank whose records stopped for this many intervals is reported as silent.
 inline constexpr double kStaleIntervals = 5;
@@ -117,11 +120,11 @@ class CollectiveWatch {
   CollectiveWatch(double timeout_s, double interval_s, Clock::time_point now);
 
   void observe(ProgressRecord record, Clock::time_point now);
-  /// Process `pid`'s CPU seconds as this node's kernel counts them, for a rank it runs: busy
-  /// evidence that no late record can hold back (a reporter waiting for the GIL behind a main
-  /// thread in a long C call, or starved of CPU). Counted as a record's CPU is: outside a
-  /// collective, or in backward().
-  void observe_cpu(int rank, pid_t pid, double cpu_s, Clock::time_point now);
+  /// What this node's kernel counts of `pid`, which runs `rank`: busy evidence that no late or
+  /// missing record can hold back (a reporter that has sent nothing yet, or that waits for the
+  /// GIL behind a main thread in a long C call, or is starved of CPU). It counts where the rank's
+  /// CPU would: outside a collective by its last record, in backward(), or with no record yet.
+  void observe_kernel(int rank, pid_t pid, const ProcessActivity& activity, Clock::time_point now);
   /// A local rank ended; "exit code 0".
   void rank_ended(int rank, std::string how);
   /// The stall, once the job has made no progress for the timeout with a collective pending.
@@ -136,8 +139,12 @@ class CollectiveWatch {
   struct RankView {
     ProgressRecord last;
     Clock::time_point received;
-    double kernel_cpu_s = -1;  ///< observe_cpu's last sample; -1: none yet.
-    Clock::time_point kernel_at{};
+  };
+  /// observe_kernel's last look at a rank's process.
+  struct KernelSample {
+    pid_t pid = 0;
+    ProcessActivity activity;
+    Clock::time_point at;
   };
   /// Where `rank` is; a pending call other than `stalled` (when given) is named a mismatch.
   std::string state_of(int rank, const PendingCollective* stalled, Clock::time_point now) const;
@@ -148,6 +155,7 @@ class CollectiveWatch {
   double interval_s_;
   Clock::time_point last_progress_;
   std::map<int, RankView> ranks_;
+  std::map<int, KernelSample> kernel_;
   std::map<int, std::string> ended_;
   std::map<int, std::chrono::system_clock::time_point> exiting_at_;
 };

@@ -182,8 +182,8 @@ void StallWatch::on_collective_check() {
   if (hooks_.workers)
     for (const WorkerStatus& worker : hooks_.workers()) {
       if (worker.pid > 0 && !worker.running) collectives_->rank_ended(worker.rank, worker.ended);
-      else if (auto state = worker.pid > 0 ? read_run_state(worker.pid) : std::nullopt)
-        collectives_->observe_cpu(worker.rank, worker.pid, state->cpu_s, Clock::now());
+      else if (auto activity = worker.pid > 0 ? read_process_activity(worker.pid) : std::nullopt)
+        collectives_->observe_kernel(worker.rank, worker.pid, *activity, Clock::now());
     }
   auto stall = collectives_->check(Clock::now());
   if (!stall) {

@@ -143,6 +143,14 @@ elif scenario == "gil_held_rank0":
         # its reporter cannot run until it returns.
         sum(range(int(hold / per_million * 10**6)))
     dist.barrier()
+elif scenario == "gil_held_at_init":
+    dist.barrier()
+    if rank == 0:
+        # The field's commonest pattern, right after init: rank 0 prepares the data in one C call
+        # that holds the GIL (pickle.load, json.loads of a big file) while the others wait at the
+        # barrier. Its reporter has sent no record yet, and cannot until the call returns.
+        sum(range(int(hold * float(os.environ["SUMS_PER_S"]))))
+    dist.barrier()
 elif scenario == "long_step":
     ddp_steps(1)
     busy(hold)  # Every rank computes one step far longer than the timeout.
@@ -167,14 +175,22 @@ print("done without a process group", flush=True)
 TIMEOUT = 4  # --collective-timeout of the short runs.
 
 
+def sums_per_second():
+    """How far sum(range(n)) counts in a second of this box's CPU, measured here and not in the
+    rank, so that the rank goes straight from init into its one long call."""
+    started = time.thread_time()
+    sum(range(10**7))
+    return 10**7 / max(time.thread_time() - started, 1e-3)
+
+
 def report_rows(stderr):
     """Rank -> its row of the stall report."""
     return {int(m.group(1)): m.group(0) for m in re.finditer(r"^  (\d+)\*? .*$", stderr, re.M)}
 
 
 class CollectiveStallCase(LauncherTestCase):
-    def launch(self, scenario, nproc=3, timeout=TIMEOUT, hold=0, limit=180, script=WORKER):
-        env = dict(self.env, SCENARIO=scenario, HOLD_S=str(hold))
+    def launch(self, scenario, nproc=3, timeout=TIMEOUT, hold=0, limit=180, script=WORKER, env=None):
+        env = dict(self.env, SCENARIO=scenario, HOLD_S=str(hold), **(env or {}))
         self.logs = os.path.join(self.tmp, "logs")
         self.summary = os.path.join(self.tmp, "summary.json")
         flags = [] if timeout is None else ["--collective-timeout", str(timeout)]
@@ -196,6 +212,15 @@ class CollectiveStallCase(LauncherTestCase):
         self.assertEqual(summary["result"], "stalled")
         self.assertEqual(summary["stall"]["kind"], "collective")
         return summary["stall"]["collective"]
+
+    def assert_gil_held_at_init_is_no_stall(self):
+        """Rank 0 holds the GIL in one C call for three timeouts right after init: no stall."""
+        code, out, err, elapsed = self.launch("gil_held_at_init", hold=3 * TIMEOUT,
+                                              env={"SUMS_PER_S": str(sums_per_second())})
+        self.assertEqual(code, 0, err)
+        self.assertNotIn("STALLED", err)
+        self.assertGreater(elapsed, 3 * TIMEOUT)
+        self.assertEqual(out.count(" done"), 3, out)
 
     def assert_stalled(self, code, err, missing):
         self.assertEqual(code, 3, err)
@@ -341,6 +366,9 @@ class CollectiveStallTest(CollectiveStallCase):
         self.assertGreater(elapsed, 3 * TIMEOUT)
         self.assertEqual(out.count(" done"), 3, out)
 
+    def test_rank_0_in_a_gil_holding_call_before_its_first_record_is_no_stall(self):
+        self.assert_gil_held_at_init_is_no_stall()
+
     def test_one_step_three_timeouts_long_on_every_rank_is_no_stall(self):
         code, out, err, _ = self.launch("long_step", hold=3 * TIMEOUT)
         self.assertEqual(code, 0, err)
@@ -384,8 +412,31 @@ class CollectiveStallTest(CollectiveStallCase):
 
 def load_tests(loader, tests, pattern):
     """The suite as `unittest test_collective_stall` runs it: the short runs only. ctest runs
-    DefaultTimeoutTest (three idle minutes) on its own, beside the other suites."""
+    DefaultTimeoutTest (three idle minutes) on its own, beside the other suites, and
+    LoadedBoxTest alone, since its CPU hogs would load the suites beside it."""
     return loader.loadTestsFromTestCase(CollectiveStallTest)
+
+
+class LoadedBoxTest(CollectiveStallCase):
+    """The no-stall judgement with two CPU hogs beside the job, each as busy as a rank."""
+
+    def setUp(self):
+        super().setUp()
+        hogs = [subprocess.Popen([PYTHON, "-c", "while True: pass"], start_new_session=True)
+                for _ in range(2)]
+        self.procs += hogs
+
+    def test_rank_0_in_a_gil_holding_call_before_its_first_record_is_no_stall(self):
+        self.assert_gil_held_at_init_is_no_stall()
+
+    def test_rank_0_busy_in_a_call_that_holds_the_gil_is_no_stall(self):
+        code, out, err, _ = self.launch("gil_held_rank0", hold=3 * TIMEOUT)
+        self.assertEqual(code, 0, err)
+        self.assertEqual(out.count(" done"), 3, out)
+
+    def test_a_rank_deadlocked_in_user_code_is_still_named(self):
+        code, _, err, _ = self.launch("deadlock")
+        self.assert_stalled(code, err, missing="1")
 
 
 class DefaultTimeoutTest(CollectiveStallCase):
