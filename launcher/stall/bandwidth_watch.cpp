@@ -87,7 +87,8 @@ std::optional<std::tuple<double, double, double>> BandwidthWatch::measure(const 
 }
 
 std::optional<std::string> BandwidthWatch::check(Clock::time_point now,
-                                                 std::chrono::system_clock::time_point wall) {
+                                                 std::chrono::system_clock::time_point wall,
+                                                 const CpuWaitShare& cpu_wait_share) {
   const int64_t wall_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(wall.time_since_epoch()).count();
   std::optional<std::pair<Key, SlowCollective>> slowest;
   bool recovered = false;  // The slow kind was measured, and not slow.
@@ -130,6 +131,14 @@ std::optional<std::string> BandwidthWatch::check(Clock::time_point now,
       kind.slow_since_ns.reset();
       kind.healthy.push_back(busbw);
       if (kind.healthy.size() > kHealthyFigures) kind.healthy.pop_front();
+      continue;
+    }
+    // Its ranks waited for a CPU: the box is loaded, and no link is to blame. Neither slow nor
+    // a healthy figure for the baseline.
+    if (const double waited = cpu_wait_share ? cpu_wait_share(slow.ranks) : 0; waited >= kStarvedRunDelayShare) {
+      spdlog::debug("bandwidth watch: {} {} on group {} is slow, but its ranks waited for a CPU {:.0f}% of "
+                    "the time: not named", slow.op, slow.size, slow.group, 100 * waited);
+      kind.slow_since_ns.reset();
       continue;
     }
     // ...and stays slow for half a window: a burst of load on the box is no slow link.

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -57,6 +58,10 @@ struct BandwidthFigure {
   uint64_t collectives = 0;  ///< Timed since the attempt began.
 };
 
+/// A main thread that waited for a CPU this share of the time is starved: its collectives are slow
+/// because the box's CPU is taken, not because of a link.
+inline constexpr double kStarvedRunDelayShare = 0.2;
+
 class BandwidthWatch {
  public:
   using Clock = std::chrono::steady_clock;
@@ -65,8 +70,12 @@ class BandwidthWatch {
   /// --preflight's all-reduce bus bandwidth at `bytes`: a floor for all-reduces that large.
   void set_floor(int64_t bytes, double busbw);
   void add(const CollectiveTiming& timing);
-  /// One line at most a window: a slow collective named, or gone.
-  std::optional<std::string> check(Clock::time_point now, std::chrono::system_clock::time_point wall);
+  /// The median share of the window that `ranks`' main threads waited for a CPU.
+  using CpuWaitShare = std::function<double(const std::vector<int>& ranks)>;
+  /// One line at most a window: a slow collective named, or gone. A kind whose ranks were starved
+  /// of CPU (`cpu_wait_share`, when given) is not named: a loaded box slows gloo's reductions too.
+  std::optional<std::string> check(Clock::time_point now, std::chrono::system_clock::time_point wall,
+                                   const CpuWaitShare& cpu_wait_share = {});
   std::vector<BandwidthFigure> figures() const;
   const std::vector<SlowCollective>& episodes() const { return episodes_; }
   const SlowCollective* current() const { return current_ ? &episodes_.back() : nullptr; }

@@ -214,7 +214,8 @@ void StallWatch::check_stragglers() {
       if (auto hog = busiest_process_beside(straggler->cause_pid)) *line += "; busiest beside it: " + *hog;
     lines.push_back(std::move(*line));
   }
-  if (auto line = stragglers_->bandwidth().check(Clock::now(), std::chrono::system_clock::now()))
+  const auto cpu_wait_share = [this](const std::vector<int>& ranks) { return stragglers_->cpu_wait_share(ranks); };
+  if (auto line = stragglers_->bandwidth().check(Clock::now(), std::chrono::system_clock::now(), cpu_wait_share))
     lines.push_back(std::move(*line));
   for (const std::string& line : lines) {
     spdlog::warn("{}", line);

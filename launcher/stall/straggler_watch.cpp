@@ -33,8 +33,7 @@ bool in_data_loader(const std::vector<std::string>& frames) {
 
 std::string percent(double share) { return fmt::format("{:.0f}%", 100 * share); }
 
-// A run-queue wait this large, and this many times the others', is starvation, not noise.
-constexpr double kStarvedRunDelayShare = 0.2;
+// A run-queue wait of kStarvedRunDelayShare, and this many times the others', is starvation.
 constexpr double kStarvedOverOthers = 2;
 // A quarter of its samples in the data loader, and twice the others': the loader is where its
 // time goes (a window holds few samples a rank, one a second, so a share of them is coarse).
@@ -160,6 +159,12 @@ RankActivity StragglerWatch::activity(int rank) const {
                                      [](const RankRecord& record) { return record.in_data_loader; });
   activity.data_loader_share = static_cast<double>(loading) / static_cast<double>(history.size());
   return activity;
+}
+
+double StragglerWatch::cpu_wait_share(const std::vector<int>& ranks) const {
+  std::vector<double> shares;
+  for (int rank : ranks) shares.push_back(activity(rank).run_delay_share);
+  return shares.empty() ? 0 : median(std::move(shares));
 }
 
 std::string StragglerWatch::cause_of(int rank) const {

@@ -91,6 +91,8 @@ class StragglerWatch {
   const std::deque<SeenCollective>& recent() const { return recent_; }
   /// The collectives' bus bandwidth, timed from the same arrivals and their completions.
   BandwidthWatch& bandwidth() { return bandwidth_; }
+  /// The median share of the window that `ranks`' main threads waited for a CPU (their records).
+  double cpu_wait_share(const std::vector<int>& ranks) const;
   const BandwidthWatch& bandwidth() const { return bandwidth_; }
 
  private:
