@@ -461,7 +461,10 @@ NodeMetrics Launch::node_metrics() const {
   metrics.restarts = attempt_;
   if (const StragglerWatch* stragglers = watch_->straggler_watch()) {
     metrics.arrivals = stragglers->arrivals();
-    if (const StragglerEpisode* current = stragglers->current()) metrics.straggler = current->rank;
+    if (const StragglerEpisode* current = stragglers->current()) {
+      metrics.straggler = current->rank;
+      metrics.straggler_cost_share = current->cost_share;
+    }
     metrics.stragglers_named = stragglers->episodes().size();
     metrics.bandwidth = stragglers->bandwidth().figures();
     metrics.slow_collectives_named = stragglers->bandwidth().episodes().size();

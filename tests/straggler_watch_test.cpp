@@ -37,6 +37,8 @@ struct Job {
   std::function<double(int rank, int64_t seq)> delay = [](int, int64_t) { return 0.0; };
   std::function<double(int rank)> run_delay_per_s = [](int) { return 0.0; };
   std::function<double(int rank)> cpu_per_s = [](int) { return 1.0; };
+  /// Per rank: its cgroup's CPU quota in cores (0: none), and the share of periods throttled.
+  std::function<std::pair<double, double>(int rank)> quota = [](int) { return std::pair{0.0, 0.0}; };
   std::function<std::vector<std::string>(int rank)> frames = [](int) {
     return std::vector<std::string>{"train.py:40 in <module>", "train.py:12 in step"};
   };
@@ -57,6 +59,11 @@ struct Job {
         record.local_rank = rank;
         record.cpu_s = cpu_per_s(rank) * record_number;
         record.run_delay_s = run_delay_per_s(rank) * record_number;
+        if (const auto [cores, throttled] = quota(rank); cores > 0) {
+          record.cpu_quota_cores = cores;
+          record.cpu_periods = 10 * record_number;  // 100 ms periods.
+          record.cpu_throttled_periods = static_cast<int64_t>(throttled * 10 * record_number);
+        }
         record.frames = frames(rank);
         record.arrivals["0"].group_ranks.resize(static_cast<size_t>(ranks));
         for (int r = 0; r < ranks; ++r) record.arrivals["0"].group_ranks[static_cast<size_t>(r)] = r;
@@ -112,8 +119,10 @@ TEST(StragglerWatch, ARankThatIsLateEveryStepIsNamedWithItsLagAndTheStep) {
   EXPECT_NE(line.find("straggler: rank 2 (node node-a, local rank 2) arrives last at 100% of the "
                       "steps on group 0, 200 ms behind the others"),
             std::string::npos) << line;
-  EXPECT_NE(line.find("the step takes 500 ms, so 40% of it is spent waiting for rank 2"),
+  EXPECT_NE(line.find("; the others spent 40% of the last 20 s waiting for rank 2 (a step takes 500 ms); "),
             std::string::npos) << line;
+  EXPECT_NEAR(job.watch.episodes()[0].cost_share, 0.4, 0.01);
+  EXPECT_NEAR(job.watch.episodes()[0].wait_share, 1.0, 0.01);
   EXPECT_NE(line.find("in its own compute"), std::string::npos) << line;
   ASSERT_EQ(job.watch.episodes().size(), 1u);
   EXPECT_EQ(job.watch.episodes()[0].rank, 2);
@@ -147,6 +156,65 @@ TEST(StragglerWatch, TheRecentCollectivesOfAManyRankJobKeepThePicturesRowsAndThe
   const auto& arrivals = job.watch.recent().back().arrivals;
   EXPECT_EQ(arrivals.size(), kMaxPictureRows + 1);
   EXPECT_TRUE(std::any_of(arrivals.begin(), arrivals.end(), [](const auto& a) { return a.first == 90; }));
+}
+
+TEST(StragglerWatch, ARankWithMoreWorkLateByLessThanTheFloorAtMostStepsIsNamed) {
+  // Rank 1 works on a larger batch: 8-14 ms late at each 30 ms step, so its lag clears the
+  // 10 ms floor at a third of the steps only, and costs the others a third of their time.
+  Job job;
+  job.step_s = 0.03;
+  std::uniform_real_distribution<double> jitter(0, 0.002), its_lag(0.008, 0.014);
+  job.delay = [&](int rank, int64_t) { return rank == 1 ? its_lag(noise()) : jitter(noise()); };
+  job.run(40);
+  ASSERT_FALSE(job.lines.empty());
+  EXPECT_NE(job.lines[0].find("straggler: rank 1 "), std::string::npos) << job.lines[0];
+  EXPECT_GT(job.watch.episodes()[0].cost_share, 0.25);
+  EXPECT_GT(job.watch.episodes()[0].wait_share, 0.9);
+}
+
+TEST(StragglerWatch, ARankFrozenForMostOfEveryThirdStepIsNamed) {
+  // A CPU quota's throttling: the rank's cgroup is frozen for the rest of each 100 ms period,
+  // so it is very late at one step in three and on time at the others.
+  Job job;
+  job.step_s = 0.03;
+  std::uniform_real_distribution<double> jitter(0, 0.002);
+  job.delay = [&](int rank, int64_t seq) { return jitter(noise()) + (rank == 2 && seq % 3 == 2 ? 0.07 : 0); };
+  job.run(40);
+  ASSERT_FALSE(job.lines.empty());
+  EXPECT_NE(job.lines[0].find("straggler: rank 2 "), std::string::npos) << job.lines[0];
+  EXPECT_NE(job.lines[0].find("arrives last at 33% of the steps"), std::string::npos) << job.lines[0];
+}
+
+TEST(StragglerWatch, AThrottledCgroupIsTheCauseWithItsQuota) {
+  Job job;
+  job.step_s = 0.03;
+  job.delay = [&](int rank, int64_t seq) { return rank == 2 && seq % 3 == 2 ? 0.07 : 0.0; };
+  job.quota = [](int rank) { return rank == 2 ? std::pair{0.3, 0.71} : std::pair{0.0, 0.0}; };
+  job.cpu_per_s = [](int rank) { return rank == 2 ? 0.3 : 1.0; };
+  job.run(40);
+  ASSERT_FALSE(job.lines.empty());
+  EXPECT_NE(job.lines[0].find("; throttled by its cgroup's CPU quota (30% of a core): throttled in 71% of "
+                              "its periods"),
+            std::string::npos) << job.lines[0];
+}
+
+TEST(StragglerWatch, ARankThatStallsEveryTenthStepIsNamed) {
+  Job job;
+  job.step_s = 0.05;
+  std::uniform_real_distribution<double> jitter(0, 0.002);
+  job.delay = [&](int rank, int64_t seq) { return jitter(noise()) + (rank == 0 && seq % 10 == 9 ? 0.3 : 0); };
+  job.run(40);
+  ASSERT_FALSE(job.lines.empty());
+  EXPECT_NE(job.lines[0].find("straggler: rank 0 "), std::string::npos) << job.lines[0];
+}
+
+TEST(StragglerWatch, ALagThatRotatesFromRankToRankNamesNobody) {
+  Job job;
+  job.step_s = 0.05;
+  std::uniform_real_distribution<double> jitter(0, 0.002);
+  job.delay = [&](int rank, int64_t seq) { return jitter(noise()) + (rank == (seq / 10) % 3 ? 0.02 : 0); };
+  job.run(120);
+  EXPECT_TRUE(job.lines.empty()) << job.lines.front();
 }
 
 TEST(StragglerWatch, ABalancedJobWithNoiseNamesNobody) {

@@ -493,11 +493,16 @@ void add_diagnosis_flags(CLI::App& app, LaunchConfig& config, FlagTexts& texts) 
       "workers and, on the node that serves the job store, every rank's collectives, wait time, "
       "arrival lag and the straggler (docs/stalls.md). A bare PORT listens on 127.0.0.1")
       ->type_name("[ADDR:]PORT");
+  add("straggler-min-cost", config.stall.stragglers.min_cost_share,
+      "A straggler costs the others at least this share of the window in waiting for it, and "
+      "caused two thirds of their waits")
+      ->check(CLI::Range(0.01, 1.0));
   add("straggler-share", config.stall.stragglers.min_share,
-      "A straggler arrives last at least at this share of the window's collectives")
-      ->check(CLI::Range(0.5, 1.0));
+      "...and held them back at least at this share of the window's steps, so that a rare "
+      "event (an evaluation every 50 steps) names nobody")
+      ->check(CLI::Range(0.01, 1.0));
   add("straggler-min-lag", config.stall.stragglers.min_lag_s,
-      "Seconds a straggler is behind the others at least (the median where it is last)")
+      "Seconds behind the others' median arrival that count as holding them back at a step")
       ->check(CLI::NonNegativeNumber);
   add("straggler-min-step-share", config.stall.stragglers.min_step_share,
       "...and at least this share of a step, so that jitter on a short step names nobody")

@@ -18,8 +18,9 @@ namespace mcprun {
 /// When a rank is named a straggler (--straggler-* flags; docs/stalls.md says why these).
 struct StragglerSettings {
   double window_s = 60;         ///< Judged over this much of the job; 0: off.
-  double min_share = 0.75;      ///< Last at least at this share of the window's collectives,
-  double min_lag_s = 0.01;      ///< by at least this much (median),
+  double min_cost_share = 0.1;  ///< The others spent this share of the window waiting for it,
+  double min_share = 0.05;      ///< and it held them back at this share of the steps at least:
+  double min_lag_s = 0.01;      ///< last by at least this much,
   double min_step_share = 0.1;  ///< and by at least this share of a step.
   /// A kind of collective is slow under this share of its bus bandwidth earlier in the job
   /// (or of --preflight's floor),

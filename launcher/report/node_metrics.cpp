@@ -63,12 +63,17 @@ std::string render_node_metrics(const NodeMetrics& metrics) {
   per_rank("mcprun_rank_arrival_lag_seconds", "gauge",
            "How far behind the others' median the rank was, the last time it arrived last.",
            [](const RankArrivals& counts) { return microseconds(counts.lag_s); });
-  family("mcprun_straggler", "gauge", "1 for the rank named a straggler now.");
+  std::string straggler_labels;
   if (metrics.straggler) {
     auto it = labels.find(*metrics.straggler);
-    sample("mcprun_straggler",
-           it != labels.end() ? it->second : fmt::format(R"(rank="{}")", *metrics.straggler), 1);
+    straggler_labels = it != labels.end() ? it->second : fmt::format(R"(rank="{}")", *metrics.straggler);
   }
+  family("mcprun_straggler", "gauge", "1 for the rank named a straggler now.");
+  if (metrics.straggler) sample("mcprun_straggler", straggler_labels, 1);
+  family("mcprun_straggler_cost_ratio", "gauge",
+         "Of the straggler window, the share the others spent waiting for the rank named now.");
+  if (metrics.straggler)
+    sample("mcprun_straggler_cost_ratio", straggler_labels, std::round(metrics.straggler_cost_share * 1000) / 1000);
   family("mcprun_stragglers_named_total", "counter", "Stragglers named in this attempt.");
   sample("mcprun_stragglers_named_total", "", metrics.stragglers_named);
   family("mcprun_collective_bus_bandwidth_bytes_per_second", "gauge",

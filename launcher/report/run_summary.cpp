@@ -197,6 +197,8 @@ nlohmann::ordered_json RunSummary::stragglers_json() const {
                           {"last_seen", utc_timestamp(straggler.last_seen)},
                           {"median_lag_s", round_ms(straggler.median_lag_s)},
                           {"share", std::round(straggler.share * 1000) / 1000},
+                          {"cost_share", std::round(straggler.cost_share * 1000) / 1000},
+                          {"wait_share", std::round(straggler.wait_share * 1000) / 1000},
                           {"collectives", straggler.collectives},
                           {"step_s", round_ms(straggler.step_s)},
                           {"cause", straggler.cause}});

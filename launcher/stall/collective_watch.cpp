@@ -74,6 +74,11 @@ Expected<ProgressRecord> parse_progress_record(std::string_view text) {
     record.host = json.value("host", std::string());
     record.local_rank = json.value("local_rank", -1);
     record.run_delay_s = json.value("run_delay_s", 0.0);
+    if (auto quota = json.find("cpu_quota"); quota != json.end()) {
+      record.cpu_quota_cores = quota->at(0).get<double>();
+      record.cpu_periods = quota->at(1).get<int64_t>();
+      record.cpu_throttled_periods = quota->at(2).get<int64_t>();
+    }
     record.sent_ns = json.value("sent_ns", int64_t{0});
     if (auto arrivals = json.find("arrivals"); arrivals != json.end()) {
       const int64_t t0_ns = arrivals->at("t0_ns").get<int64_t>();

@@ -85,6 +85,10 @@ struct ProgressRecord {
   std::string host;             ///< Where the rank runs; empty from an older reporter.
   int local_rank = -1;
   double run_delay_s = 0;       ///< Its main thread's wait for a CPU (/proc schedstat).
+  /// Its cgroup's CPU quota in cores, and the cgroup's periods and throttled periods so far;
+  /// quota 0: none.
+  double cpu_quota_cores = 0;
+  int64_t cpu_periods = 0, cpu_throttled_periods = 0;
   int64_t sent_ns = 0;          ///< Its wall clock when it made the record; 0: unknown.
   std::map<std::string, GroupArrivals> arrivals;  ///< By group name; empty in most records.
 };

@@ -35,6 +35,11 @@ std::string percent(double share) { return fmt::format("{:.0f}%", 100 * share); 
 
 // A run-queue wait of kStarvedRunDelayShare, and this many times the others', is starvation.
 constexpr double kStarvedOverOthers = 2;
+// "Most of the others' waits": two thirds, so that two ranks that take turns (half each) are no
+// straggler, while one that is late at nearly every step (nine tenths and more) is.
+constexpr double kMostOfTheWaits = 2.0 / 3.0;
+// Throttled in most of its cgroup's periods: the quota, not the box, is what it runs short of.
+constexpr double kThrottledShare = 0.5;
 // A quarter of its samples in the data loader, and twice the others': the loader is where its
 // time goes (a window holds few samples a rank, one a second, so a share of them is coarse).
 constexpr double kDataLoaderShare = 0.25;
@@ -51,7 +56,8 @@ void StragglerWatch::observe(const ProgressRecord& record, int64_t received_ns, 
     if (!added) it->second = std::min(it->second, offset);
   }
   auto& history = history_[record.rank];
-  history.push_back({now, record.cpu_s, record.run_delay_s, in_data_loader(record.frames)});
+  history.push_back({now, record.cpu_s, record.run_delay_s, in_data_loader(record.frames),
+                     record.cpu_quota_cores, record.cpu_periods, record.cpu_throttled_periods});
   while (!history.empty() && seconds_between(history.front().received, now) > settings_.window_s)
     history.pop_front();
 
@@ -124,9 +130,12 @@ void StragglerWatch::complete(const std::string& group, int64_t seq, const Colle
   for (auto it = arrivals.begin(); it != arrivals.end(); ++it)
     if (it != last) others.push_back(static_cast<double>(it->first));
   Sample sample;
+  sample.seq = seq;
   sample.last_created_ns = last->first;
   sample.last_rank = last->second;
   sample.lag_s = (static_cast<double>(last->first) - median(others)) / 1e9;
+  for (double other : others) sample.others_wait_s += (static_cast<double>(last->first) - other) / 1e9;
+  if (!others.empty()) sample.others_wait_s /= static_cast<double>(others.size());
   samples_[group].push_back(sample);
   for (const auto& [created, rank] : arrivals) {
     RankArrivals& counts = arrivals_[rank];
@@ -155,6 +164,16 @@ RankActivity StragglerWatch::activity(int rank) const {
     activity.cpu_share = (history.back().cpu_s - history.front().cpu_s) / wall;
     activity.run_delay_share = (history.back().run_delay_s - history.front().run_delay_s) / wall;
   }
+  // Periods since the first record under the quota it has now: a rank moved into a cgroup
+  // while it runs has counts from there on.
+  const RankRecord& latest = history.back();
+  activity.cpu_quota_cores = latest.cpu_quota_cores;
+  const auto since = std::find_if(history.begin(), history.end(), [&](const RankRecord& record) {
+    return record.cpu_quota_cores == latest.cpu_quota_cores && record.cpu_periods <= latest.cpu_periods;
+  });
+  if (latest.cpu_quota_cores > 0 && latest.cpu_periods > since->cpu_periods)
+    activity.throttled_share = static_cast<double>(latest.cpu_throttled_periods - since->cpu_throttled_periods) /
+                               static_cast<double>(latest.cpu_periods - since->cpu_periods);
   const auto loading = std::count_if(history.begin(), history.end(),
                                      [](const RankRecord& record) { return record.in_data_loader; });
   activity.data_loader_share = static_cast<double>(loading) / static_cast<double>(history.size());
@@ -177,6 +196,11 @@ std::string StragglerWatch::cause_of(int rank) const {
     run_delay.push_back(theirs.run_delay_share);
     data_loader.push_back(theirs.data_loader_share);
   }
+  if (own.cpu_quota_cores > 0 && own.throttled_share >= kThrottledShare)
+    return fmt::format("throttled by its cgroup's CPU quota ({}): throttled in {} of its periods",
+                       own.cpu_quota_cores < 1 ? percent(own.cpu_quota_cores) + " of a core"
+                                               : fmt::format("{:g} cores", own.cpu_quota_cores),
+                       percent(own.throttled_share));
   const double others_delay = median(run_delay);
   if (own.run_delay_share >= kStarvedRunDelayShare &&
       own.run_delay_share >= kStarvedOverOthers * others_delay)
@@ -204,48 +228,65 @@ std::optional<StragglerEpisode> StragglerWatch::judge(int64_t wall_ns) const {
   if (static_cast<double>(wall_ns - samples->front().last_created_ns) / 1e9 < settings_.window_s / 2)
     return std::nullopt;
 
+  // The window's step: its collectives' pace, by sequence number (thinned arrivals leave gaps),
+  // over the period the reporters found; their own step figure may predate a slowdown.
+  int period = 0;
+  if (auto periods = periods_.find(*group); periods != periods_.end()) {
+    std::vector<double> each;
+    for (const auto& [rank, its] : periods->second) each.push_back(its);
+    period = static_cast<int>(median(std::move(each)));
+  }
+  auto [first_seq, last_seq] = std::minmax_element(
+      samples->begin(), samples->end(), [](const Sample& a, const Sample& b) { return a.seq < b.seq; });
+  const double span_s = static_cast<double>(samples->back().last_created_ns - samples->front().last_created_ns) / 1e9;
+  const double steps_in_span = period > 0 ? static_cast<double>(last_seq->seq - first_seq->seq) / period : 0;
   StragglerEpisode episode;
   episode.group = *group;
-  if (auto steps = steps_.find(*group); steps != steps_.end()) {
-    std::vector<double> each;
+  if (steps_in_span >= 1) {
+    episode.step_s = span_s / steps_in_span;
+  } else if (auto steps = steps_.find(*group); steps != steps_.end()) {
+    std::vector<double> each;  // Too few steps in the window: the reporters' own figure.
     for (const auto& [rank, step] : steps->second) each.push_back(step);
     episode.step_s = median(std::move(each));
   }
-  // A collective the last rank reached this far behind the others held them back; less is noise.
+  // The steps the samples hold: all of the span's, or of thinned arrivals, theirs.
+  const double steps = period > 0 ? std::max(1.0, static_cast<double>(samples->size()) / period)
+                                  : static_cast<double>(samples->size());
+  // The time those steps took, which the others' waits are a share of.
+  const double sampled_s = episode.step_s > 0 ? steps * episode.step_s : span_s;
+  if (sampled_s <= 0) return std::nullopt;
+
+  // Each collective's last arrival made the others wait: charge their wait to it. A step at which
+  // it was last by the floor or more is one at which it held them back.
   const double floor = std::max(settings_.min_lag_s, settings_.min_step_share * episode.step_s);
+  std::map<int, double> charged;
   std::map<int, std::vector<double>> late;  // Rank -> its lags where it held the others back.
-  size_t late_total = 0;
-  for (const Sample& sample : *samples)
-    if (sample.lag_s >= floor) {
-      late[sample.last_rank].push_back(sample.lag_s);
-      ++late_total;
-    }
-  if (late.empty()) return std::nullopt;
-  const auto most = std::max_element(late.begin(), late.end(), [](const auto& a, const auto& b) {
-    return a.second.size() < b.second.size();
-  });
+  double total_wait_s = 0;
+  for (const Sample& sample : *samples) {
+    charged[sample.last_rank] += sample.others_wait_s;
+    total_wait_s += sample.others_wait_s;
+    if (sample.lag_s >= floor) late[sample.last_rank].push_back(sample.lag_s);
+  }
+  const auto costliest = std::max_element(charged.begin(), charged.end(),
+                                          [](const auto& a, const auto& b) { return a.second < b.second; });
+  episode.rank = costliest->first;
+  episode.cost_share = std::min(1.0, costliest->second / sampled_s);
+  episode.wait_share = total_wait_s > 0 ? costliest->second / total_wait_s : 0;
+  const std::vector<double>& its_lags = late[episode.rank];
+  episode.collectives = static_cast<int>(its_lags.size());
   // A step holds several collectives (DDP's buckets, the loop's own), and a slow rank holds the
   // others back at the first it reaches after its slow part only: count steps, not collectives.
-  const double span_s = static_cast<double>(samples->back().last_created_ns - samples->front().last_created_ns) / 1e9;
-  double steps = episode.step_s > 0 ? std::max(1.0, span_s / episode.step_s)
-                                    : static_cast<double>(samples->size());
-  // Thinned arrivals hold whole steps of the span only: count the steps the samples hold.
-  if (auto periods = periods_.find(*group); episode.step_s > 0 && periods != periods_.end()) {
-    std::vector<double> each;
-    for (const auto& [rank, period] : periods->second) each.push_back(period);
-    steps = std::min(steps, std::max(1.0, static_cast<double>(samples->size()) / median(std::move(each))));
-  }
-  episode.rank = most->first;
-  episode.collectives = static_cast<int>(most->second.size());
-  episode.share = std::min(1.0, static_cast<double>(most->second.size()) / steps);
-  episode.median_lag_s = median(most->second);
+  episode.share = std::min(1.0, static_cast<double>(its_lags.size()) / steps);
+  episode.median_lag_s = median(its_lags);
   spdlog::debug("straggler watch: group {}, {} collectives over {:.1f} s, step {:.3f} s, floor {:.3f} s: "
-                "rank {} held the others back at {} ({:.0f}% of the steps), all ranks at {}",
+                "rank {} cost the others {:.0f}% of the time ({:.0f}% of their waits) and held them "
+                "back at {} ({:.0f}% of the steps)",
                 *group, samples->size(), span_s, episode.step_s, floor, episode.rank,
-                most->second.size(), 100 * episode.share, late_total);
-  // ...and it is the one: the others hold nobody back as often.
-  if (episode.share < settings_.min_share ||
-      static_cast<double>(most->second.size()) < settings_.min_share * static_cast<double>(late_total))
+                100 * episode.cost_share, 100 * episode.wait_share, its_lags.size(), 100 * episode.share);
+  // Named when the others lose a real share of their time, to this rank above all, and not in a
+  // rare event: an evaluation every 50 steps is the script's design.
+  if (episode.cost_share < settings_.min_cost_share || episode.wait_share < kMostOfTheWaits ||
+      episode.share < settings_.min_share || its_lags.empty())
     return std::nullopt;
   if (auto info = ranks_.find(episode.rank); info != ranks_.end()) {
     episode.host = info->second.host;
@@ -266,10 +307,9 @@ std::string StragglerWatch::describe(const StragglerEpisode& episode, bool chang
       changed ? " now" : "", episode.rank, where.empty() ? "" : " (" + where + ")",
       percent(episode.share), episode.step_s > 0 ? "steps" : "collectives", episode.group,
       human_duration(episode.median_lag_s), episode.collectives, settings_.window_s);
-  if (episode.step_s > 0)
-    text += fmt::format("; the step takes {}, so {} of it is spent waiting for rank {}",
-                        human_duration(episode.step_s),
-                        percent(std::min(1.0, episode.median_lag_s / episode.step_s)), episode.rank);
+  text += fmt::format("; the others spent {} of the last {:.0f} s waiting for rank {}",
+                      percent(episode.cost_share), settings_.window_s, episode.rank);
+  if (episode.step_s > 0) text += fmt::format(" (a step takes {})", human_duration(episode.step_s));
   return text + "; " + episode.cause;
 }
 

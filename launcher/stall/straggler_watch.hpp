@@ -31,9 +31,11 @@ struct StragglerEpisode {
   std::chrono::system_clock::time_point first_seen, last_seen;
   double share = 0;        ///< Of the window's steps at which it held the others back (arrived
                            ///< last, by the lag floor or more); of its collectives if no step shows.
+  double cost_share = 0;   ///< Of the window's time the others spent waiting for it.
+  double wait_share = 0;   ///< Of all the others' waits in the window, the part it caused.
   double median_lag_s = 0; ///< Behind the median of the others, where it was last.
   int collectives = 0;     ///< At which it held the others back, in the window.
-  double step_s = 0;       ///< The job's step, from the period of its collectives.
+  double step_s = 0;       ///< The job's step over the window, from its collectives' pace.
   std::string cause;       ///< Where its time goes, in words.
   int cause_pid = 0;       ///< Its process, for the node that runs it to look at (CPU hogs).
 };
@@ -67,6 +69,8 @@ struct RankActivity {
   double cpu_share = 0;        ///< CPU time per wall second.
   double run_delay_share = 0;  ///< Waiting for a CPU per wall second.
   double data_loader_share = 0;///< Records whose frames were in torch's data loader.
+  double cpu_quota_cores = 0;   ///< Its cgroup's CPU quota at its last record; 0: none.
+  double throttled_share = 0;   ///< Of its cgroup's periods, those in which it was throttled.
 };
 
 class StragglerWatch {
@@ -97,9 +101,11 @@ class StragglerWatch {
 
  private:
   struct Sample {
+    int64_t seq = 0;
     int64_t last_created_ns = 0;  ///< The last arrival, on this host's wall clock.
     int last_rank = 0;
-    double lag_s = 0;
+    double lag_s = 0;             ///< Behind the others' median arrival.
+    double others_wait_s = 0;     ///< The others' mean wait for it: what it cost them.
   };
   struct Collective {
     std::map<int, int64_t> created_ns;  ///< Rank -> its arrival, on the rank's clock.
@@ -114,6 +120,8 @@ class StragglerWatch {
     Clock::time_point received;
     double cpu_s = 0, run_delay_s = 0;
     bool in_data_loader = false;
+    double cpu_quota_cores = 0;
+    int64_t cpu_periods = 0, cpu_throttled_periods = 0;
   };
   /// Ranks' names and processes, from their latest records.
   struct RankInfo {

@@ -49,6 +49,10 @@ n counts the records this process built. source says where completed and pending
 At most 4 pending entries are listed; group_ranks is [] for a group of more than 64 ranks.
 cpu_s is the CPU time of this process, its reaped children and its live descendants (DataLoader
 workers), from /proc. frames are the main thread's innermost 6 frames, innermost last.
+run_delay_s is the main thread's wait for a CPU. cpu_quota, where the process's cgroup has a CPU
+quota, is [cores it allows, periods, periods in which the cgroup was throttled]: cgroup v2's
+cpu.max and cpu.stat or v1's cpu.cfs_quota_us, cpu.cfs_period_us and cpu.stat, looked up anew
+each record, since a rank may be moved into a cgroup while it runs.
 
 Once mcprun sets `mcprun/flight_recorder/dump` (on a stall), each reporter with a Flight Recorder
 writes its dump once, in the pickle torch's analyzer reads, to $TORCH_FR_DUMP_TEMP_FILE<RANK>.
@@ -267,6 +271,9 @@ class Reporter:
                   "source": source, "completed": completed, "pending": pending[:MAX_PENDING],
                   "cpu_s": round(self.cpu.seconds(), 2), "frames": innermost_frames(frame),
                   "run_delay_s": round(self.cpu.run_delay_seconds(), 3)}
+        quota = cpu_quota()
+        if quota:
+            record["cpu_quota"] = quota
         if source == "flight_recorder" and self.records % ARRIVALS_EVERY == 0:
             try:
                 arrivals = self.flight_recorder.arrivals()
@@ -721,6 +728,60 @@ def backend_name(dist, group):
         return str(dist.get_backend(group))
     except Exception:
         return ""
+
+
+def cgroup_cpu_dirs():
+    """The folders of this process's cgroup that hold its CPU controller's files: (version, path)
+    for each of v2 (the unified hierarchy) and v1's cpu controller that the box mounts."""
+    mounts = {}  # "cpu" or "2" -> (mount root, mount point)
+    with open("/proc/self/mountinfo") as mountinfo:
+        for line in mountinfo:
+            fields = line.split()
+            dash = fields.index("-")
+            fstype, options = fields[dash + 1], fields[-1].split(",")
+            if fstype == "cgroup2":
+                mounts.setdefault("2", (fields[3], fields[4]))
+            elif fstype == "cgroup" and "cpu" in options:
+                mounts.setdefault("cpu", (fields[3], fields[4]))
+    dirs = []
+    with open("/proc/self/cgroup") as cgroup:
+        for line in cgroup:
+            hierarchy, controllers, path = line.rstrip("\n").split(":", 2)
+            key = "2" if hierarchy == "0" else "cpu" if "cpu" in controllers.split(",") else None
+            if key in mounts:
+                root, point = mounts[key]
+                relative = path[len(root):] if path.startswith(root) and root != "/" else path
+                dirs.append((key, point + relative.rstrip("/")))
+    return dirs
+
+
+def read_fields(path):
+    with open(path) as stat:
+        return dict(line.split() for line in stat if len(line.split()) == 2)
+
+
+def cpu_quota():
+    """[quota in cores, periods, throttled periods] of this process's cgroup; None without a
+    quota or where the files cannot be read."""
+    try:
+        for version, folder in cgroup_cpu_dirs():
+            if version == "2":
+                with open(os.path.join(folder, "cpu.max")) as cpu_max:
+                    quota, period = cpu_max.read().split()
+                if quota == "max":
+                    continue
+            else:
+                with open(os.path.join(folder, "cpu.cfs_quota_us")) as quota_file:
+                    quota = quota_file.read().strip()
+                with open(os.path.join(folder, "cpu.cfs_period_us")) as period_file:
+                    period = period_file.read().strip()
+                if int(quota) < 0:
+                    continue
+            stat = read_fields(os.path.join(folder, "cpu.stat"))
+            return [round(int(quota) / int(period), 3), int(stat["nr_periods"]), int(stat["nr_throttled"])]
+    except (OSError, ValueError, KeyError, IndexError) as error:
+        debug(f"no CPU quota read: {error!r}")
+    return None
 
 
 class CpuClock:
