@@ -18,10 +18,11 @@ from xml.etree import ElementTree
 from harness import TORCH2, LauncherTestCase, port_open, reserve_port, wait_for
 
 WINDOW_S = 10
+CGROUP_V1_CPU = "/sys/fs/cgroup/cpu"
 
 # A DDP loop over a DataLoader for $DURATION_S; $SCENARIO decides who is slow and how.
 TRAIN = r'''
-import os, time
+import os, random, time
 import torch
 import torch.distributed as dist
 dist.init_process_group("gloo")
@@ -52,7 +53,23 @@ for step, batch in enumerate(loader):
         break
     if scenario == "evaluates" and rank == 0 and step % 50 == 49:
         time.sleep(2)  # Rank 0 evaluates now and then while the others wait.
-    if scenario == "cpu_bound":
+    if scenario == "uneven_work":  # Rank 1's batch is 2.5x the others': 25 ms of CPU to 10 ms.
+        busy = time.thread_time() + (0.025 if rank == 1 else 0.01)
+        while time.thread_time() < busy:
+            pass
+        time.sleep(0.01)
+    elif scenario == "throttled":  # 10 ms of CPU a step, and rank 2 gets 30 % of a core once it runs.
+        busy = time.thread_time() + 0.01
+        while time.thread_time() < busy:
+            pass
+        time.sleep(0.02)
+    elif scenario == "periodic":  # Rank 1 stalls 300 ms every tenth step (a sync to disk).
+        time.sleep(0.03 + (0.3 if rank == 1 and step % 10 == 9 else 0))
+    elif scenario == "rotating":  # Each rank in turn is 20 ms late for ten steps.
+        time.sleep(0.03 + (0.02 if rank == (step // 10) % dist.get_world_size() else 0))
+    elif scenario == "jitter":  # Every rank, every step, up to 20 ms late at random.
+        time.sleep(0.03 + random.uniform(0, 0.02))
+    elif scenario == "cpu_bound":
         busy = time.thread_time() + 0.02  # 20 ms of CPU: slower wherever the CPU is taken.
         while time.thread_time() < busy:
             pass
@@ -233,6 +250,73 @@ class StragglerTest(StragglerCase):
     @unittest.skipUnless(TORCH2, "torch 1.x names no straggler")
     def test_steps_under_20_ms_name_nobody(self):
         self.assert_nobody_named("short_steps", 2 * WINDOW_S)
+
+    @unittest.skipUnless(TORCH2, "torch 1.x names no straggler")
+    def test_a_lag_that_rotates_from_rank_to_rank_names_nobody(self):
+        self.assert_nobody_named("rotating", 3 * WINDOW_S)
+
+    @unittest.skipUnless(TORCH2, "torch 1.x names no straggler")
+    def test_random_jitter_on_every_rank_names_nobody(self):
+        self.assert_nobody_named("jitter", 3 * WINDOW_S)
+
+    @unittest.skipUnless(TORCH2, "torch 1.x names no straggler")
+    def test_a_rank_with_more_work_is_named_as_compute_with_what_it_costs(self):
+        code, err, summary = self.launch("uneven_work", 3 * WINDOW_S)
+        self.assertEqual(code, 0, err)
+        lines = self.straggler_lines(err)
+        self.assertTrue(lines, err)
+        self.assertRegex(lines[0], r"straggler: rank 1 \(node [^,]+, local rank 1\) arrives last")
+        self.assertRegex(lines[0], rf"the others spent \d+% of the last {WINDOW_S} s waiting for rank 1")
+        self.assertIn("in its own compute", lines[0])
+        self.assertGreater(summary["stragglers"][0]["cost_share"], 0.1)
+
+    @unittest.skipUnless(TORCH2, "torch 1.x names no straggler")
+    def test_a_rank_that_stalls_every_tenth_step_is_named(self):
+        code, err, _ = self.launch("periodic", 3 * WINDOW_S)
+        self.assertEqual(code, 0, err)
+        lines = self.straggler_lines(err)
+        self.assertTrue(lines, err)
+        self.assertRegex(lines[0], r"straggler: rank 1 \(node [^,]+, local rank 1\) arrives last")
+
+    @unittest.skipUnless(TORCH2, "torch 1.x names no straggler")
+    @unittest.skipUnless(os.path.isdir(CGROUP_V1_CPU) and os.geteuid() == 0,
+                         "needs root and cgroup v1's cpu controller")
+    def test_a_rank_throttled_by_its_cgroups_cpu_quota_is_named_with_the_quota(self):
+        # Once the job runs, rank 2 moves into a cgroup with 30 % of a core, as a Kubernetes CPU
+        # limit puts a pod: it needs a third of a core, so CFS throttles it most periods.
+        cgroup = os.path.join(CGROUP_V1_CPU, f"mcprun-test-{os.getpid()}")
+        os.mkdir(cgroup)
+        self.addCleanup(remove_cgroup, cgroup)
+        with open(os.path.join(cgroup, "cpu.cfs_quota_us"), "w") as f:
+            f.write("30000")  # Of the default 100 ms period.
+        summary_path = os.path.join(self.tmp, "summary.json")
+        env = dict(self.env, SCENARIO="throttled", DURATION_S=str(3 * WINDOW_S))
+        proc = self.start("-n", "3", "--straggler-window", str(WINDOW_S), "--summary-json",
+                          summary_path, self.script("train.py", TRAIN), env=env)
+        pid_file = os.path.join(self.tmp, "pid.2")
+        self.assertTrue(wait_for(lambda: os.path.exists(pid_file) or proc.poll() is not None, 60))
+        with open(pid_file) as f, open(os.path.join(cgroup, "cgroup.procs"), "w") as procs:
+            procs.write(f.read().strip())
+        _, err = proc.communicate(timeout=3 * WINDOW_S + 120)
+        self.assertEqual(proc.returncode, 0, err)
+        lines = self.straggler_lines(err)
+        self.assertTrue(lines, err)
+        self.assertRegex(lines[0], r"straggler: rank 2 \(node [^,]+, local rank 2\) arrives last")
+        self.assertRegex(lines[0], r"throttled by its cgroup's CPU quota \(30% of a core\): "
+                                   r"throttled in \d+% of its periods")
+
+
+def remove_cgroup(path):
+    """Moves what is left in a test's cgroup back to the root one, then removes it."""
+    with open(os.path.join(path, "cgroup.procs")) as f:
+        pids = f.read().split()
+    for pid in pids:
+        try:
+            with open(os.path.join(CGROUP_V1_CPU, "cgroup.procs"), "w") as root:
+                root.write(pid)
+        except OSError:
+            pass  # It exited meanwhile.
+    os.rmdir(path)
 
 
 def png_colours(path):
