@@ -33,6 +33,8 @@ struct Job {
   int record_number = 0;
   /// Per rank: its clock's offset from the store host's, ns.
   std::function<int64_t(int rank)> clock_offset = [](int) { return int64_t{0}; };
+  /// Per rank and collective: how much later than the others it sees it complete, s.
+  std::function<double(int rank, int64_t seq)> done_delay = [](int, int64_t) { return 0.0; };
   /// Per rank and step: how late it enqueues the step's collective, s.
   std::function<double(int rank, int64_t seq)> delay = [](int, int64_t) { return 0.0; };
   std::function<double(int rank)> run_delay_per_s = [](int) { return 0.0; };
@@ -82,7 +84,7 @@ struct Job {
             arrival.seq = seq;
             arrival.created_ns = start_ns + static_cast<int64_t>(delay(rank, seq) * kSecond) + clock_offset(rank);
             arrival.elements = elements + collective;
-            arrival.done_ns = done_ns + clock_offset(rank);
+            arrival.done_ns = done_ns + static_cast<int64_t>(done_delay(rank, seq) * kSecond) + clock_offset(rank);
             arrival.bytes = bytes;
             arrival.op = "all_reduce";
             records_now[rank].arrivals["0"].arrivals.push_back(arrival);
@@ -206,6 +208,24 @@ TEST(StragglerWatch, ARankThatStallsEveryTenthStepIsNamed) {
   job.run(40);
   ASSERT_FALSE(job.lines.empty());
   EXPECT_NE(job.lines[0].find("straggler: rank 0 "), std::string::npos) << job.lines[0];
+}
+
+TEST(StragglerWatch, ARankLateBecauseItsLinkFinishesEachCollectiveLastIsNoStraggler) {
+  // Rank 0's link is slow: it sees each all-reduce complete 500 ms after the others, so it
+  // arrives 500 ms late at the next, after its own work, which takes as long as theirs.
+  Job job;
+  job.step_s = 1;
+  job.delay = [](int rank, int64_t) { return rank == 0 ? 0.5 : 0.0; };
+  job.done_delay = [](int rank, int64_t) { return rank == 0 ? 0.5 : 0.0; };
+  job.run(60);
+  EXPECT_TRUE(job.watch.episodes().empty()) << job.lines.front();
+  // The same lag from its own work, the completions alike: a straggler.
+  Job compute;
+  compute.step_s = 1;
+  compute.delay = [](int rank, int64_t) { return rank == 0 ? 0.5 : 0.0; };
+  compute.run(60);
+  ASSERT_FALSE(compute.lines.empty());
+  EXPECT_NE(compute.lines[0].find("straggler: rank 0 "), std::string::npos) << compute.lines[0];
 }
 
 TEST(StragglerWatch, ALagThatRotatesFromRankToRankNamesNobody) {

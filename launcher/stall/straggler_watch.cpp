@@ -38,6 +38,8 @@ constexpr double kStarvedOverOthers = 2;
 // "Most of the others' waits": two thirds, so that two ranks that take turns (half each) are no
 // straggler, while one that is late at nearly every step (nine tenths and more) is.
 constexpr double kMostOfTheWaits = 2.0 / 3.0;
+// A completion this much later than the others' is no artefact of the reporters' 20 ms polls.
+constexpr double kCompletionSkewFloor = 0.05;
 // Throttled in most of its cgroup's periods: the quota, not the box, is what it runs short of.
 constexpr double kThrottledShare = 0.5;
 // A quarter of its samples in the data loader, and twice the others': the loader is where its
@@ -136,6 +138,22 @@ void StragglerWatch::complete(const std::string& group, int64_t seq, const Colle
   sample.lag_s = (static_cast<double>(last->first) - median(others)) / 1e9;
   for (double other : others) sample.others_wait_s += (static_cast<double>(last->first) - other) / 1e9;
   if (!others.empty()) sample.others_wait_s /= static_cast<double>(others.size());
+  // How much later than the others it saw the previous collective complete: a last arrival
+  // that much behind was late before its own work began (a slow link on its ring). Completions
+  // are polled every 20 ms, so a skew counts from kCompletionSkewFloor, and as half the lag.
+  auto& [previous_seq, previous] = previous_done_[group];
+  if (previous_seq == seq - 1 && previous.contains(sample.last_rank)) {
+    std::vector<double> others_done;
+    for (const auto& [created, rank] : arrivals)
+      if (rank != sample.last_rank && previous.contains(rank)) others_done.push_back(static_cast<double>(previous.at(rank)));
+    if (!others_done.empty()) {
+      const double skew_s = (static_cast<double>(previous.at(sample.last_rank)) - median(others_done)) / 1e9;
+      sample.late_from_previous = skew_s >= std::max(kCompletionSkewFloor, sample.lag_s / 2);
+    }
+  }
+  previous_seq = seq;
+  previous.clear();
+  for (const auto& [rank, done_ns] : collective.done_ns) previous[rank] = on_this_clock(rank, done_ns);
   samples_[group].push_back(sample);
   for (const auto& [created, rank] : arrivals) {
     RankArrivals& counts = arrivals_[rank];
@@ -261,11 +279,17 @@ std::optional<StragglerEpisode> StragglerWatch::judge(int64_t wall_ns) const {
   const double floor = std::max(settings_.min_lag_s, settings_.min_step_share * episode.step_s);
   std::map<int, double> charged;
   std::map<int, std::vector<double>> late;  // Rank -> its lags where it held the others back.
+  std::map<int, std::pair<int, int>> from_previous;  // Rank -> (late from the previous, known).
   double total_wait_s = 0;
   for (const Sample& sample : *samples) {
     charged[sample.last_rank] += sample.others_wait_s;
     total_wait_s += sample.others_wait_s;
-    if (sample.lag_s >= floor) late[sample.last_rank].push_back(sample.lag_s);
+    if (sample.lag_s < floor) continue;
+    late[sample.last_rank].push_back(sample.lag_s);
+    if (sample.late_from_previous) {
+      from_previous[sample.last_rank].first += *sample.late_from_previous;
+      ++from_previous[sample.last_rank].second;
+    }
   }
   const auto costliest = std::max_element(charged.begin(), charged.end(),
                                           [](const auto& a, const auto& b) { return a.second < b.second; });
@@ -288,6 +312,14 @@ std::optional<StragglerEpisode> StragglerWatch::judge(int64_t wall_ns) const {
   if (episode.cost_share < settings_.min_cost_share || episode.wait_share < kMostOfTheWaits ||
       episode.share < settings_.min_share || its_lags.empty())
     return std::nullopt;
+  // Late because the collective before finished last for it, at most steps where that is known:
+  // a slow link on its ring, which the bandwidth watch names, not a rank slow in its own code.
+  if (const auto [previous, known] = from_previous[episode.rank]; known > 0 && 2 * previous > known) {
+    spdlog::debug("straggler watch: rank {} arrived late because the previous collective finished last "
+                  "for it at {} of {} timed steps: a slow collective or link, not a straggler",
+                  episode.rank, previous, known);
+    return std::nullopt;
+  }
   if (auto info = ranks_.find(episode.rank); info != ranks_.end()) {
     episode.host = info->second.host;
     episode.local_rank = info->second.local_rank;

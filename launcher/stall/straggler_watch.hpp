@@ -106,6 +106,10 @@ class StragglerWatch {
     int last_rank = 0;
     double lag_s = 0;             ///< Behind the others' median arrival.
     double others_wait_s = 0;     ///< The others' mean wait for it: what it cost them.
+    /// Its own gap from the previous collective's completion to this arrival was no longer than
+    /// the others': it was late because the previous one finished last for it (a slow link on a
+    /// ring), not from its own work. nullopt: completions unknown.
+    std::optional<bool> late_from_previous;
   };
   struct Collective {
     std::map<int, int64_t> created_ns;  ///< Rank -> its arrival, on the rank's clock.
@@ -150,6 +154,8 @@ class StragglerWatch {
   std::map<int, RankArrivals> arrivals_;
   std::deque<SeenCollective> recent_;
   std::map<std::string, std::pair<int64_t, int64_t>> last_done_;  ///< group -> (seq, done ns).
+  /// group -> the last completed collective's seq and each rank's completion, on this clock.
+  std::map<std::string, std::pair<int64_t, std::map<int, int64_t>>> previous_done_;
   BandwidthWatch bandwidth_;
   std::vector<StragglerEpisode> episodes_;
   bool current_ = false;
