@@ -42,6 +42,15 @@ class Job {
       watch_.observe(std::move(record), now_);
     }
   }
+  /// One second of rank 0 waiting at barrier #5 while rank 1, silent after its first two
+  /// records (a call that holds the GIL), is judged by what its kernel counts alone.
+  void second_with_rank_1_silent(int at_second) {
+    second([&](int rank, ProgressRecord& record) {
+      record.completed = 4;
+      if (rank == 0) record.pending = {call("barrier", 5, "0", {0, 1})};
+      return rank == 0 || at_second < 2;
+    });
+  }
   std::optional<CollectiveStall> check() const { return watch_.check(now_); }
   CollectiveWatch& watch() { return watch_; }
   /// What the kernel on its node counts of `rank`'s process this second.
@@ -299,11 +308,7 @@ TEST(CollectiveWatch, ARankBusyInACallThatHoldsTheGilIsProgressByItsKernelCpu) {
   Job job(2);
   double cpu = 0;
   for (int second = 0; second < 3 * kTimeout; ++second) {
-    job.second([&](int rank, ProgressRecord& record) {
-      record.completed = 4;
-      if (rank == 0) record.pending = {call("barrier", 5, "0", {0, 1})};
-      return rank == 0 || second < 2;
-    });
+    job.second_with_rank_1_silent(second);
     job.kernel_cpu(1, cpu += 0.9);
     EXPECT_FALSE(job.check()) << "at " << second << " s";
   }
@@ -312,11 +317,7 @@ TEST(CollectiveWatch, ARankBusyInACallThatHoldsTheGilIsProgressByItsKernelCpu) {
 TEST(CollectiveWatch, ASilentRankWhoseKernelCpuStandsStillIsAStall) {
   Job job(2);
   for (int second = 0; second < 12; ++second) {
-    job.second([&](int rank, ProgressRecord& record) {
-      record.completed = 4;
-      if (rank == 0) record.pending = {call("barrier", 5, "0", {0, 1})};
-      return rank == 0 || second < 2;
-    });
+    job.second_with_rank_1_silent(second);
     job.kernel_cpu(1, 3.0 + 0.001 * second);  // Blocked in C with the GIL held: no CPU.
   }
   auto stall = job.check();
@@ -362,11 +363,7 @@ TEST(CollectiveWatch, ARankThatWaitsForACpuItIsNotGivenIsProgress) {
   Job job(2);
   ProcessActivity activity{.cpu_s = 1, .main_run_s = 1, .main_run_delay_s = 0, .main_io_bytes = 0};
   for (int second = 0; second < 3 * kTimeout; ++second) {
-    job.second([&](int rank, ProgressRecord& record) {
-      record.completed = 4;
-      if (rank == 0) record.pending = {call("barrier", 5, "0", {0, 1})};
-      return rank == 0 || second < 2;
-    });
+    job.second_with_rank_1_silent(second);
     activity.cpu_s += 0.02;
     activity.main_run_s += 0.02;
     activity.main_run_delay_s += 0.97;
@@ -380,11 +377,7 @@ TEST(CollectiveWatch, ARankWhoseMainThreadReadsOrWritesIsProgress) {
   Job job(2);
   ProcessActivity activity{.cpu_s = 1, .main_run_s = 1, .main_run_delay_s = 0, .main_io_bytes = 0};
   for (int second = 0; second < 3 * kTimeout; ++second) {
-    job.second([&](int rank, ProgressRecord& record) {
-      record.completed = 4;
-      if (rank == 0) record.pending = {call("barrier", 5, "0", {0, 1})};
-      return rank == 0 || second < 2;
-    });
+    job.second_with_rank_1_silent(second);
     activity.main_io_bytes += 1 << 20;
     job.kernel(1, activity);
     EXPECT_FALSE(job.check()) << "at " << second << " s";
