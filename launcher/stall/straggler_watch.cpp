@@ -38,6 +38,9 @@ constexpr double kStarvedOverOthers = 2;
 // "Most of the others' waits": two thirds, so that two ranks that take turns (half each) are no
 // straggler, while one that is late at nearly every step (nine tenths and more) is.
 constexpr double kMostOfTheWaits = 2.0 / 3.0;
+// Fewer late steps in a window are events, not a pattern: two evaluations in a short window
+// are 5 % of its sampled steps, by chance, and no straggler.
+constexpr size_t kMinLateSteps = 5;
 // A completion this much later than the others' is no artefact of the reporters' 20 ms polls.
 constexpr double kCompletionSkewFloor = 0.05;
 // Throttled in most of its cgroup's periods: the quota, not the box, is what it runs short of.
@@ -310,7 +313,7 @@ std::optional<StragglerEpisode> StragglerWatch::judge(int64_t wall_ns) const {
   // Named when the others lose a real share of their time, to this rank above all, and not in a
   // rare event: an evaluation every 50 steps is the script's design.
   if (episode.cost_share < settings_.min_cost_share || episode.wait_share < kMostOfTheWaits ||
-      episode.share < settings_.min_share || its_lags.empty())
+      episode.share < settings_.min_share || its_lags.size() < kMinLateSteps)
     return std::nullopt;
   // Late because the collective before finished last for it, at most steps where that is known:
   // a slow link on its ring, which the bandwidth watch names, not a rank slow in its own code.
