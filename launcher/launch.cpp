@@ -540,41 +540,6 @@ namespace {
 /// erased before the script starts.
 constexpr std::string_view kPreflightKeyPrefix = "/mcprun/preflight/";
 
-/// What the preflight's table shows of this node: its name and each local rank's GPU.
-nlohmann::json preflight_node(const RankPlan& plan, const std::string& node) {
-  nlohmann::json gpus = nlohmann::json::object();
-  for (const RankSlot& slot : plan.slots)
-    if (const auto& gpu = slot.identity.gpu)
-      gpus[std::to_string(slot.identity.local_rank)] = {
-          {"bus_id", gpu->bus_id}, {"numa_node", gpu->numa_node},
-          {"link_width", gpu->link_width}, {"max_link_width", gpu->max_link_width},
-          {"link_speed", gpu->link_speed}, {"max_link_speed", gpu->max_link_speed}};
-  return {{"node", node}, {"gpus", gpus}};
-}
-
-/// The report local rank 0 wrote, or a failed one saying why there is none.
-nlohmann::json read_preflight_report(const std::filesystem::path& file) {
-  std::ifstream in(file);
-  nlohmann::json report = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (in && report.is_object() && report.contains("ok")) return report;
-  const std::string verdict = "FAIL: the check left no report (" + file.string() +
-                              "): see its ranks' output above";
-  return {{"ok", false}, {"verdict", verdict}, {"faults", nlohmann::json::array()},
-          {"text", "mcprun preflight: " + verdict + "\n"}};
-}
-
-/// What the NCCL retries say of the transports, from whether each passed.
-std::string nccl_transport_finding(const nlohmann::json& retries) {
-  if (retries.value("NCCL_P2P_DISABLE", false))
-    return "it passes with NCCL_P2P_DISABLE=1: GPU peer-to-peer fails on this box; check the "
-           "IOMMU/ACS settings and the PCIe switch, and run with NCCL_P2P_DISABLE=1 meanwhile";
-  if (retries.value("NCCL_SHM_DISABLE", false))
-    return "it passes with NCCL_SHM_DISABLE=1: NCCL's shared-memory transport fails; check "
-           "/dev/shm (mcprun doctor; docker's default is 64 MB)";
-  return "it fails with NCCL_P2P_DISABLE=1 and with NCCL_SHM_DISABLE=1 too: not those "
-         "transports, but the network or a GPU";
-}
-
 }  // namespace
 
 std::optional<int> Launch::run_preflight() {
@@ -585,17 +550,19 @@ std::optional<int> Launch::run_preflight() {
                   "(share/mcprun/python)", python.value_or(worker_python(inherited_)));
     return kExitFailure;
   }
-  spdlog::info("preflight: checking {} rank(s) before the script (step deadline {} s)",
-               plan_->job.world_size, config_.preflight_timeout);
+  const PreflightBudget budget = preflight_budget(config_.preflight_timeout, plan_->job.world_size);
+  spdlog::info("preflight: checking {} rank(s) before the script, within {:g} s (step deadline "
+               "{:g} s)", plan_->job.world_size, budget.bound_s, budget.step_s);
   nlohmann::json report;
-  if (auto code = preflight_pass(*python, 0, {}, report)) return *code;
+  if (auto code = preflight_pass(*python, budget, 0, {}, report)) return *code;
   if (!report.value("ok", false) && report.value("backend", std::string()) == "nccl" &&
       report.value("dead", false)) {
     // Which transport fails: every node retries alike, since every node got the same report.
     size_t pass = 0;
     for (const char* variable : {"NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE"}) {
       nlohmann::json retry;
-      if (auto code = preflight_pass(*python, ++pass, {{variable, "1"}}, retry)) return *code;
+      spdlog::info("preflight: again with {}=1, within {:g} s", variable, budget.bound_s);
+      if (auto code = preflight_pass(*python, budget, ++pass, {{variable, "1"}}, retry)) return *code;
       report["retries"][variable] = retry.value("ok", false);
     }
     report["transport"] = nccl_transport_finding(report["retries"]);
@@ -606,9 +573,7 @@ std::optional<int> Launch::run_preflight() {
   report.erase("text");
   const bool ok = report.value("ok", false);
   // Its largest all-reduce: the floor under which the bandwidth watch calls one slow.
-  if (const auto sizes = report.find("all_reduce"); sizes != report.end() && sizes->is_array() &&
-                                                     !sizes->empty() && report.value("floor_busbw", 0.0) > 0)
-    watch_->set_bandwidth_floor(sizes->back().value("bytes", int64_t{0}), report.value("floor_busbw", 0.0));
+  if (const auto floor = preflight_floor(report)) watch_->set_bandwidth_floor(floor->first, floor->second);
   summary_.set_preflight(std::move(report));
   if (ok) return std::nullopt;
   if (config_.preflight == LaunchConfig::Preflight::kWarn) {
@@ -622,15 +587,17 @@ std::optional<int> Launch::run_preflight() {
   return kExitPreflightFailed;
 }
 
-std::optional<int> Launch::preflight_pass(const std::string& python, size_t pass,
-                                          const Environment& transport, nlohmann::json& report) {
+std::optional<int> Launch::preflight_pass(const std::string& python, const PreflightBudget& budget,
+                                          size_t number, const Environment& transport,
+                                          nlohmann::json& report) {
   AttemptFiles files = run_dir_->attempt(0);
-  files.attempt_dir = run_dir_->path() / ("preflight_" + std::to_string(pass));
+  files.attempt_dir = run_dir_->path() / ("preflight_" + std::to_string(number));
   std::error_code ec;
   std::filesystem::create_directories(files.attempt_dir, ec);
-  const auto report_file = files.attempt_dir / "report.json";
-  const auto node_file = files.attempt_dir / "node.json";
-  std::ofstream(node_file) << preflight_node(*plan_, config_.node_name.empty() ? host_ : config_.node_name);
+  const auto bound = std::chrono::milliseconds(static_cast<long>(budget.bound_s * 1000));
+  const PreflightPass pass{number, files.attempt_dir / "report.json", files.attempt_dir / "node.json",
+                           std::chrono::steady_clock::now() + bound, config_.preflight_min_busbw};
+  std::ofstream(pass.node_file) << preflight_node(*plan_, config_.node_name.empty() ? host_ : config_.node_name);
 
   // The same ranks, pinning, binding and environment as the script, running the check instead;
   // the plan is the script's again before anything else reads it.
@@ -638,18 +605,29 @@ std::optional<int> Launch::preflight_pass(const std::string& python, size_t pass
   const Environment job_env = plan_->extra_env;
   std::swap(plan_->argv, argv);
   for (const auto& [name, value] : transport) plan_->extra_env[name] = value;
-  plan_->extra_env["MCPRUN_PREFLIGHT_REPORT"] = report_file.string();
-  plan_->extra_env["MCPRUN_PREFLIGHT_NODE"] = node_file.string();
-  plan_->extra_env["MCPRUN_PREFLIGHT_PASS"] = std::to_string(pass);
-  plan_->extra_env["MCPRUN_PREFLIGHT_TIMEOUT"] = fmt::format("{}", config_.preflight_timeout);
-  plan_->extra_env["MCPRUN_COLLECTIVE_WATCH"] = "0";  // The check's groups are no job's.
+  for (const auto& [name, value] : preflight_env(budget, pass)) plan_->extra_env[name] = value;
+  // The bound is kept whatever the ranks do: past it, the check is stopped and that is its finding.
+  bool overran = false;
+  boost::asio::steady_timer stop_at_bound(io_, bound + std::chrono::seconds(1));
+  stop_at_bound.async_wait([&](boost::system::error_code error) {
+    if (error) return;
+    overran = true;
+    group_->request_stop(fmt::format("the preflight ran past its bound of {:g} s", budget.bound_s),
+                         kExitPreflightFailed);
+  });
   in_preflight_ = true;
   const AttemptResult result = group_->run_attempt(0, files);
   in_preflight_ = false;
+  stop_at_bound.cancel();
   std::swap(plan_->argv, argv);
   plan_->extra_env = job_env;
+  const auto& report_file = pass.report_file;
   // Each pass has keys of its own: a node that starts the next pass first loses none of them.
-  if (store_) store_->erase_prefix(fmt::format("{}{}/", kPreflightKeyPrefix, pass));
+  if (store_) store_->erase_prefix(fmt::format("{}{}/", kPreflightKeyPrefix, number));
+  if (overran) {
+    report = overran_preflight_report(budget);
+    return std::nullopt;
+  }
 
   // Another node that judged first may stop this one as its ranks leave: their report stands.
   const bool reported = std::filesystem::exists(report_file, ec);

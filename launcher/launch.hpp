@@ -18,6 +18,7 @@
 #include "launcher/plan/port_reservation.hpp"
 #include "launcher/process/process_control.hpp"
 #include "launcher/plan/rank_plan.hpp"
+#include "launcher/preflight/preflight_check.hpp"
 #include "launcher/rendezvous/rendezvous_client.hpp"
 #include "launcher/report/collective_picture.hpp"
 #include "launcher/report/node_metrics.hpp"
@@ -64,10 +65,12 @@ class Launch {
   /// --preflight: the check runs as every rank of the job, through the same worker group, before
   /// the first attempt; an exit code when a fault must stop the launch (docs/preflight.md).
   std::optional<int> run_preflight();
-  /// One run of the check, with `transport`'s NCCL variables added: `report` as local rank 0
-  /// wrote it, or an exit code when the run ended otherwise (a signal, another node's stop).
-  std::optional<int> preflight_pass(const std::string& python, size_t pass,
-                                    const Environment& transport, nlohmann::json& report);
+  /// One run of the check, with `transport`'s NCCL variables added, stopped at the budget's
+  /// bound: `report` as local rank 0 wrote it (or the bound's), or an exit code when the run
+  /// ended otherwise (a signal, another node's stop).
+  std::optional<int> preflight_pass(const std::string& python, const PreflightBudget& budget,
+                                    size_t number, const Environment& transport,
+                                    nlohmann::json& report);
   /// The master node serves the job store; every rank's env:// init is its client.
   bool serve_store_if_master();
   /// The job store on MASTER_PORT, observed by the watchdogs; false when the port cannot be had.

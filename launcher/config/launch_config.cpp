@@ -534,8 +534,13 @@ void add_diagnosis_flags(CLI::App& app, LaunchConfig& config, FlagTexts& texts) 
       ->check(CLI::IsMember({"off", "warn", "fail", "true", "false"}))  // true, false: a job file's
       ->type_name("warn|fail");
   app.add_option("--preflight-timeout", config.preflight_timeout,
-                 "Seconds each preflight step may take before it counts as dead")
+                 "Seconds each preflight step may take; the whole check's bound, printed first, "
+                 "follows from it and the rank count")
       ->check(CLI::PositiveNumber);
+  app.add_option("--preflight-min-busbw", config.preflight_min_busbw,
+                 "GB/s: the preflight fails a job whose all-reduce bus bandwidth is under it, "
+                 "whatever the ranks say of each other (0, the default: no floor)")
+      ->check(CLI::NonNegativeNumber);
   app.add_flag("--nccl-debug", config.nccl_debug,
                "Set NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=INIT,NET and TORCH_DISTRIBUTED_DEBUG=DETAIL "
                "for every worker");

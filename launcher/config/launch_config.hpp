@@ -96,6 +96,7 @@ struct LaunchConfig {
   /// --preflight: a collective check over the job's ranks before the script; fail stops the launch.
   enum class Preflight { kOff, kWarn, kFail } preflight = Preflight::kOff;
   double preflight_timeout = 10;        ///< --preflight-timeout: each preflight step's deadline.
+  double preflight_min_busbw = 0;       ///< --preflight-min-busbw, GB/s: a floor; 0: none.
   bool dry_run = false;
   bool no_pin = false;
   bool virtual_local_rank = false;      ///< --virtual-local-rank: one visible GPU, LOCAL_RANK=0.

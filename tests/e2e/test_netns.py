@@ -7,6 +7,7 @@ import signal
 import subprocess
 import time
 import unittest
+from datetime import datetime, timezone
 
 from harness import MCPRUN, PYTHON, TORCH2, LauncherTestCase, alive, wait_for
 from test_rendezvous import RENDEZVOUSD
@@ -64,7 +65,7 @@ while True:
         break
     if dist.get_rank() == 0 and elapsed.item() > float(os.environ["WARM_S"]):
         open(warm, "a").close()
-    time.sleep(0.05)  # The step's own compute.
+    time.sleep(float(os.environ.get("COMPUTE_S", "0.05")))  # The step's own compute.
     optimizer.zero_grad()
     model(torch.randn(8, 512)).sum().backward()
     optimizer.step()
@@ -118,12 +119,14 @@ class NamespaceHosts:
         """Cuts ("down") or restores ("up") host i's only link."""
         ip("-n", self.names[i], "link", "set", "eth0", state)
 
-    def rate_limit(self, i, rate):
-        """Host i sends at `rate` at most: a token bucket (this kernel has no netem) whose burst
-        holds a few full frames."""
-        subprocess.run(["ip", "netns", "exec", self.names[i], "tc", "qdisc", "add", "dev", "eth0",
-                        "root", "tbf", "rate", rate, "burst", "16kb", "latency", "500ms"],
-                       check=True, capture_output=True, text=True)
+    def rate_limit(self, i, rate, both_ways=False):
+        """Host i sends at `rate` at most (and receives, `both_ways`: the switch's port towards it
+        too): a token bucket (this kernel has no netem) whose burst holds a few full frames."""
+        ends = [(self.names[i], "eth0")] + ([(self.switch, f"port{i}")] if both_ways else [])
+        for namespace, device in ends:
+            subprocess.run(["tc", "-n", namespace, "qdisc", "add", "dev", device, "root", "tbf",
+                            "rate", rate, "burst", "16kb", "latency", "500ms"],
+                           check=True, capture_output=True, text=True)
 
     def remove(self):
         for name in [*self.names, self.switch]:
@@ -227,6 +230,35 @@ class AcrossHosts(LauncherTestCase):
         with open(os.path.join(self.tmp, "summary.0.json")) as f:
             slow = [s for s in json.load(f)["slow_collectives"]]
         self.assertEqual([(s["op"], s["ranks"]) for s in slow][:1], [("all_reduce", [0, 1, 2])])
+
+    @unittest.skipUnless(TORCH2, "torch 1.x's recorder-less ranks time no collective")
+    def test_a_link_cut_to_5_mbits_both_ways_is_a_slow_collective_not_a_straggler(self):
+        # Steps of a few milliseconds until the cut; then the 1 MiB gradient's all-reduce is the step.
+        self.env.update(DURATION_S="100", WARM_S="20", COMPUTE_S="0.005")
+        script = self.script("crawl.py", CRAWL)
+        agents = [self.agent(i, "--summary-json", os.path.join(self.tmp, f"summary.{i}.json"), script)
+                  for i in range(self.HOSTS)]
+        warm = os.path.join(self.tmp, "warm")
+        self.assertTrue(wait_for(lambda: os.path.exists(warm) or any(p.poll() is not None for p in agents), 90))
+        self.net.rate_limit(1, "5mbit", both_ways=True)
+        cut = datetime.now(timezone.utc).replace(microsecond=0)
+        results = [proc.communicate(timeout=200) for proc in agents]
+        errs = [err for _, err in results]
+        self.assertEqual([proc.returncode for proc in agents], [0] * self.HOSTS, "\n".join(errs))
+        named = []
+        for i in range(self.HOSTS):
+            with open(os.path.join(self.tmp, f"summary.{i}.json")) as f:
+                summary = json.load(f)
+            named += [s for s in summary["slow_collectives"] if s["op"] == "all_reduce"]
+            self.assertEqual(summary["stragglers"], [], errs[i])
+            self.assertNotIn("straggler:", errs[i])
+        self.assertTrue(named, "no host named a slow collective:\n" + "\n".join(errs))
+        first = min(datetime.strptime(s["first_seen"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+                    for s in named)
+        self.assertLessEqual((first - cut).total_seconds(), 60, "\n".join(errs))
+        self.assertTrue(any("slow collective: all_reduce" in err for err in errs), "\n".join(errs))
+        self.assertTrue(any(re.search(r"slow link: rank \d \(node host\d\) sends to", err) for err in errs),
+                        "\n".join(errs))
 
     def collective_hang_on_every_host(self, hang):
         """Runs AFTER_INIT_HANG on every host; returns each node's stderr and summary."""

@@ -88,9 +88,45 @@ class Judging(unittest.TestCase):
         self.assertEqual(preflight.slow_faults(uniform, nodes, [], judge_ranks=False), [])
         noisy = self.pairs(4, lambda a, b: 1.5e9 / (3 if (a, b) == (1, 2) else 1))
         self.assertEqual(preflight.slow_faults(noisy, nodes, [], judge_ranks=False), [])
-        three = {r: f"host{r}" for r in range(3)}  # Too few pairs to compare a node with.
-        self.assertEqual(preflight.slow_faults(self.pairs(3, lambda a, b: 1e6 if 2 in (a, b) else 1e9),
-                                               three, [], judge_ranks=False), [])
+        # Three nodes of one rank: the one pair without host2 outruns both of host2's.
+        three = {r: f"host{r}" for r in range(3)}
+        faults = preflight.slow_faults(self.pairs(3, lambda a, b: 1e6 if 2 in (a, b) else 1e9),
+                                       three, [], judge_ranks=False)
+        self.assertEqual([(f["what"], f["name"]) for f in faults], [("node", "host2")])
+        mixed = self.pairs(3, lambda a, b: {(0, 2): 1e6, (1, 2): 0.5e9}.get((a, b), 1e9))
+        self.assertEqual(preflight.slow_faults(mixed, three, [], judge_ranks=False), [])
+        two = {r: f"host{r}" for r in range(2)}  # Nothing to compare the one pair with.
+        self.assertEqual(preflight.slow_faults(self.pairs(2, lambda a, b: 1e3), two, [], False), [])
+
+    def test_a_link_far_under_its_interfaces_speed_is_named_with_two_nodes_too(self):
+        infos = lambda n: {r: {"speed_mbps": 10000} for r in range(n)}
+        two = {r: f"host{r // 2}" for r in range(4)}  # Two nodes of two ranks.
+        pairs = self.pairs(4, lambda a, b: 0.6e6 if two[a] != two[b] else 5e9)
+        faults = preflight.nominal_faults(pairs, infos(4), two, [])
+        self.assertEqual([(f["kind"], f["what"], f["name"], f["ranks"]) for f in faults],
+                         [("slow", "link", "host0 - host1", [0, 1, 2, 3])])
+        three = {r: f"host{r}" for r in range(3)}
+        pairs = self.pairs(3, lambda a, b: 0.6e6 if 2 in (a, b) else 1e9)
+        self.assertEqual([(f["what"], f["name"]) for f in preflight.nominal_faults(pairs, infos(3), three, [])],
+                         [("node", "host2")])
+        # Named once: the relative rule found it first.
+        self.assertEqual(preflight.nominal_faults(pairs, infos(3), three, ["host2"]), [])
+        # A loaded box's figures, and an interface that states no speed, name nothing.
+        self.assertEqual(preflight.nominal_faults(self.pairs(4, lambda a, b: 100e6), infos(4), two, []), [])
+        self.assertEqual(preflight.nominal_faults(self.pairs(4, lambda a, b: 1e3),
+                                                  {r: {"speed_mbps": None} for r in range(4)}, two, []), [])
+
+    def test_sizes_left_out_or_unfinished_are_figures_not_bandwidths(self):
+        steps = {0: {"all-reduce": {"sizes": [{"bytes": 4096, "seconds": 0.01},
+                                              {"bytes": 262144, "unfinished": True}]}},
+                 1: {"all-reduce": {"sizes": [{"bytes": 4096, "seconds": 0.02},
+                                              {"bytes": 262144, "unfinished": True}]}}}
+        figures = preflight.all_reduce_figures(steps, [0, 1], 2)
+        self.assertEqual([(f["bytes"], f["seconds"]) for f in figures], [(4096, 0.02), (262144, None)])
+        self.assertTrue(figures[1]["unfinished"])
+        self.assertEqual(preflight.size_figure(figures[1]), "unfinished at the deadline")
+        skipped = {"bytes": 16 << 20, "skipped": True, "predicted_s": 45.2}
+        self.assertEqual(preflight.size_figure(skipped), "not run (it would take ~45 s)")
 
     def test_a_rank_within_a_node_is_judged_on_gpus_only(self):
         one_node = {r: "box" for r in range(4)}
@@ -188,9 +224,10 @@ class OneHost(LauncherTestCase):
         self.assertEqual(len(err.strip().splitlines()), 1, err)
 
 
-@unittest.skipUnless(can_make_namespaces(), "needs root and network namespaces (ip netns)")
-class AcrossHosts(LauncherTestCase):
+class Hosts(LauncherTestCase):
+    """HOSTS network-namespace hosts of NPROC ranks each, one rendezvousd."""
     HOSTS = 4
+    NPROC = 1
     DEADLINE = 4  # --preflight-timeout: what a dead host may cost a step.
 
     def setUp(self):
@@ -224,18 +261,21 @@ class AcrossHosts(LauncherTestCase):
         """Starts mcprun on every host; each one's stderr is collected line by line."""
         script = self.script("job.py", SCRIPT)
         self.stderr = [[] for _ in range(self.HOSTS)]
+        self.ended = {}  # Host -> when its stderr closed: when its mcprun exited.
         agents = []
         for i in range(self.HOSTS):
             command = ["ip", "netns", "exec", self.net.names[i], MCPRUN, "--nnodes", str(self.HOSTS),
-                       "-n", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", self.endpoint,
+                       "-n", str(self.NPROC), "--rdzv-backend", "c10d", "--rdzv-endpoint", self.endpoint,
                        "--rdzv-id", "preflightjob", "--node-name", f"host{i}",
                        "--preflight-timeout", str(self.DEADLINE), "--summary-json",
                        os.path.join(self.tmp, f"summary.{i}.json"), *flags, script]
             proc = subprocess.Popen(command, env=self.env, stdout=subprocess.DEVNULL,
                                     stderr=subprocess.PIPE, text=True, start_new_session=True)
             self.procs.append(proc)
-            reader = threading.Thread(target=lambda p=proc, lines=self.stderr[i]: lines.extend(p.stderr),
-                                      daemon=True)
+            def read(p=proc, lines=self.stderr[i], i=i):
+                lines.extend(p.stderr)
+                self.ended[i] = time.monotonic()
+            reader = threading.Thread(target=read, daemon=True)
             reader.start()
             agents.append((proc, reader))
         return agents
@@ -259,12 +299,39 @@ class AcrossHosts(LauncherTestCase):
         with open(os.path.join(self.tmp, f"summary.{i}.json")) as f:
             return json.load(f)
 
-    def test_rate_limited_host_is_named_slow_and_the_job_runs_under_warn(self):
-        # Both directions of host3's only link: its own egress, and the switch port towards it.
-        for namespace, device in ((self.net.names[3], "eth0"), (self.net.switch, "port3")):
+    def slow_link(self, i, rate):
+        """Host i's only link at `rate` both ways: its own egress, and the switch port towards it
+        (a token bucket whose burst holds a few full frames)."""
+        for namespace, device in ((self.net.names[i], "eth0"), (self.net.switch, f"port{i}")):
             ip("-n", namespace, "link", "set", device, "mtu", "1500")
             subprocess.run(["tc", "-n", namespace, "qdisc", "add", "dev", device, "root", "tbf",
-                            "rate", "100mbit", "burst", "32kb", "latency", "100ms"], check=True)
+                            "rate", rate, "burst", "32kb", "latency", "100ms"], check=True)
+
+    def finish_within_bound(self, agents):
+        """Every agent's exit code and stderr, once each has ended within the bound its first
+        preflight line stated (and a second for the launcher's own teardown)."""
+        bounds = {}
+
+        def stated():
+            for i, lines in enumerate(self.stderr):
+                found = re.search(r"preflight: checking \d+ rank\(s\) before the script, within "
+                                  r"(\d+) s", "".join(lines))
+                if found and i not in bounds:
+                    bounds[i] = (int(found.group(1)), time.monotonic())
+            return len(bounds) == self.HOSTS
+        self.assertTrue(wait_for(stated, 90, interval=0.05),
+                        "\n".join("".join(lines) for lines in self.stderr))
+        codes, errs = self.finish(agents, timeout=max(b for b, _ in bounds.values()) + 30)
+        for i, (bound, seen) in bounds.items():
+            self.assertLessEqual(self.ended[i] - seen, bound + 1, f"host{i}:\n{errs[i]}")
+        return codes, errs
+
+
+@unittest.skipUnless(can_make_namespaces(), "needs root and network namespaces (ip netns)")
+class AcrossHosts(Hosts):
+
+    def test_rate_limited_host_is_named_slow_and_the_job_runs_under_warn(self):
+        self.slow_link(3, "100mbit")
         codes, errs = self.finish(self.agents("--preflight=warn"))
         self.assertEqual(codes, [0] * self.HOSTS, "\n".join(errs))
         for i in range(self.HOSTS):
@@ -297,6 +364,49 @@ class AcrossHosts(LauncherTestCase):
         self.assertIn("host3 (rank 3) lost the job", errs[3])
         self.assertEqual(self.files("script."), [])
         self.assertTrue(wait_for(lambda: not preflight_processes(self.tmp), 5))
+
+
+@unittest.skipUnless(can_make_namespaces(), "needs root and network namespaces (ip netns)")
+class ThreeHosts(Hosts):
+    HOSTS = 3
+    NPROC = 2
+
+    def test_a_host_at_5_mbits_is_named_and_every_node_ends_within_the_stated_bound(self):
+        self.slow_link(2, "5mbit")
+        codes, errs = self.finish_within_bound(self.agents("--preflight=fail"))
+        self.assertEqual(codes, [77] * self.HOSTS, "\n".join(errs))
+        for i in range(self.HOSTS):
+            faults = self.summary(i)["preflight"]["faults"]
+            self.assertEqual([(f["kind"], f["what"], f["name"]) for f in faults],
+                             [("slow", "node", "host2")], errs[i])
+            self.assertIn("node host2 (ranks 4,5, " + self.net.address(2) + " on eth0) is SLOW", errs[i])
+        self.assertEqual(self.files("script."), [])
+        self.assertTrue(wait_for(lambda: not preflight_processes(self.tmp), 5))
+
+
+@unittest.skipUnless(can_make_namespaces(), "needs root and network namespaces (ip netns)")
+class TwoHosts(Hosts):
+    HOSTS = 2
+
+    def test_a_slow_link_between_two_hosts_is_named_as_the_link(self):
+        self.slow_link(1, "5mbit")
+        codes, errs = self.finish_within_bound(self.agents("--preflight=fail"))
+        self.assertEqual(codes, [77] * self.HOSTS, "\n".join(errs))
+        for i in range(self.HOSTS):
+            faults = self.summary(i)["preflight"]["faults"]
+            self.assertEqual([(f["kind"], f["what"], f["name"]) for f in faults],
+                             [("slow", "link", "host0 - host1")], errs[i])
+            self.assertIn(f"the link between host0 ({self.net.address(0)} on eth0) and host1 "
+                          f"({self.net.address(1)} on eth0) is SLOW", errs[i])
+            self.assertRegex(errs[i], r"of the 10000 Mb/s its interfaces state")
+
+    def test_healthy_hosts_pass_and_the_script_runs(self):
+        codes, errs = self.finish_within_bound(self.agents("--preflight=fail"))
+        self.assertEqual(codes, [0] * self.HOSTS, "\n".join(errs))
+        for i in range(self.HOSTS):
+            self.assertTrue(self.summary(i)["preflight"]["ok"], errs[i])
+            self.assertIn("mcprun preflight: OK", errs[i])
+        self.assertEqual(len(self.files("script.")), self.HOSTS)
 
 
 if __name__ == "__main__":
