@@ -123,9 +123,9 @@ std::optional<std::string> BandwidthWatch::check(Clock::time_point now,
                   slow.op, slow.size, kind.window.size(), slow.group, gbps(busbw),
                   gbps(slow.busbw_before), mean_s, 100 * busy_share);
     // A slow kind takes real time: a share of the window, each one at least the minimum.
-    const bool slow_now = busbw < settings_.slow_collective_share * slow.busbw_before &&
-                          mean_s >= settings_.slow_collective_min_s &&
-                          busy_share >= settings_.min_step_share;
+    kind.under_share = busbw < settings_.slow_collective_share * slow.busbw_before &&
+                       mean_s >= settings_.slow_collective_min_s;
+    const bool slow_now = kind.under_share && busy_share >= settings_.min_step_share;
     if (!slow_now) {
       recovered |= current_ && key == current_key_;
       kind.slow_since_ns.reset();
@@ -139,6 +139,7 @@ std::optional<std::string> BandwidthWatch::check(Clock::time_point now,
       spdlog::debug("bandwidth watch: {} {} on group {} is slow, but its ranks waited for a CPU {:.0f}% of "
                     "the time: not named", slow.op, slow.size, slow.group, 100 * waited);
       kind.slow_since_ns.reset();
+      kind.under_share = false;
       continue;
     }
     // ...and stays slow for half a window: a burst of load on the box is no slow link.
@@ -178,6 +179,15 @@ std::string BandwidthWatch::describe(const SlowCollective& slow) const {
       100 * settings_.slow_collective_share, gbps(slow.busbw_before),
       slow.before_is_preflight ? "that --preflight measured" : "it ran at earlier in this job",
       human_duration(slow.mean_s), 100 * slow.busy_share, settings_.window_s);
+}
+
+bool BandwidthWatch::runs_slow(const std::string& group, int rank) const {
+  return std::any_of(kinds_.begin(), kinds_.end(), [&](const auto& entry) {
+    const auto& [key, kind] = entry;
+    const bool slow = kind.under_share || kind.slow_since_ns || (current_ && key == current_key_);
+    return slow && std::get<0>(key) == group &&
+           std::binary_search(kind.ranks.begin(), kind.ranks.end(), rank);
+  });
 }
 
 std::vector<BandwidthFigure> BandwidthWatch::figures() const {

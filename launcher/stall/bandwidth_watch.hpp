@@ -76,6 +76,9 @@ class BandwidthWatch {
   /// of CPU (`cpu_wait_share`, when given) is not named: a loaded box slows gloo's reductions too.
   std::optional<std::string> check(Clock::time_point now, std::chrono::system_clock::time_point wall,
                                    const CpuWaitShare& cpu_wait_share = {});
+  /// A kind of collective on `group` with `rank` in it ran under its share of its earlier bandwidth
+  /// at the last check: named, or not yet (too short a time, or too small a share of the window).
+  bool runs_slow(const std::string& group, int rank) const;
   std::vector<BandwidthFigure> figures() const;
   const std::vector<SlowCollective>& episodes() const { return episodes_; }
   const SlowCollective* current() const { return current_ ? &episodes_.back() : nullptr; }
@@ -92,6 +95,8 @@ class BandwidthWatch {
     std::vector<int> ranks;
     std::deque<double> healthy;  ///< Bytes/s: each check's full window while it was not slow.
     std::optional<int64_t> slow_since_ns;
+    /// Under the share of its earlier bandwidth at the last check, whatever its share of the time.
+    bool under_share = false;
     uint64_t collectives = 0;
   };
   /// A full window's bandwidth, mean time per collective and busy share; nullopt when too few.

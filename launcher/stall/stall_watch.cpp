@@ -207,6 +207,10 @@ void StallWatch::on_collective_check() {
 void StallWatch::check_stragglers() {
   if (!stragglers_) return;
   std::vector<std::string> lines;
+  // The collectives first: a rank late because its collective crawls is that collective's case.
+  const auto cpu_wait_share = [this](const std::vector<int>& ranks) { return stragglers_->cpu_wait_share(ranks); };
+  if (auto line = stragglers_->bandwidth().check(Clock::now(), std::chrono::system_clock::now(), cpu_wait_share))
+    lines.push_back(std::move(*line));
   if (auto line = stragglers_->check(Clock::now(), std::chrono::system_clock::now())) {
     // A straggler starved of CPU on this node: name what takes the CPU it may use.
     if (const StragglerEpisode* straggler = stragglers_->current();
@@ -214,9 +218,6 @@ void StallWatch::check_stragglers() {
       if (auto hog = busiest_process_beside(straggler->cause_pid)) *line += "; busiest beside it: " + *hog;
     lines.push_back(std::move(*line));
   }
-  const auto cpu_wait_share = [this](const std::vector<int>& ranks) { return stragglers_->cpu_wait_share(ranks); };
-  if (auto line = stragglers_->bandwidth().check(Clock::now(), std::chrono::system_clock::now(), cpu_wait_share))
-    lines.push_back(std::move(*line));
   for (const std::string& line : lines) {
     spdlog::warn("{}", line);
     if (hooks_.on_straggler_line) hooks_.on_straggler_line(line);

@@ -43,6 +43,9 @@ constexpr double kMostOfTheWaits = 2.0 / 3.0;
 constexpr size_t kMinLateSteps = 5;
 // A completion this much later than the others' is no artefact of the reporters' 20 ms polls.
 constexpr double kCompletionSkewFloor = 0.05;
+// A straggler "in its own compute" uses this many times the others' CPU at least: one that uses
+// no more than they do spends its lateness waiting on something, not computing.
+constexpr double kComputeOverOthers = 1.25;
 // Throttled in most of its cgroup's periods: the quota, not the box, is what it runs short of.
 constexpr double kThrottledShare = 0.5;
 // A quarter of its samples in the data loader, and twice the others': the loader is where its
@@ -207,7 +210,7 @@ double StragglerWatch::cpu_wait_share(const std::vector<int>& ranks) const {
   return shares.empty() ? 0 : median(std::move(shares));
 }
 
-std::string StragglerWatch::cause_of(int rank) const {
+std::optional<std::string> StragglerWatch::cause_of(int rank) const {
   const RankActivity own = activity(rank);
   std::vector<double> cpu, run_delay, data_loader;
   for (const auto& [other, history] : history_) {
@@ -231,8 +234,19 @@ std::string StragglerWatch::cause_of(int rank) const {
       own.data_loader_share >= kDataLoaderOverOthers * median(data_loader))
     return fmt::format("in its data loader: {} of its samples were in torch's DataLoader",
                        percent(own.data_loader_share));
-  return fmt::format("in its own compute: it used {} of a CPU, the others {}",
-                     percent(own.cpu_share), percent(median(cpu)));
+  if (own.cpu_share >= kComputeOverOthers * median(cpu) && own.cpu_share > 0)
+    return fmt::format("in its own compute: it used {} of a CPU, the others {}",
+                       percent(own.cpu_share), percent(median(cpu)));
+  return std::nullopt;
+}
+
+std::string StragglerWatch::no_cause_of(int rank) const {
+  std::vector<double> cpu;
+  for (const auto& [other, history] : history_)
+    if (other != rank) cpu.push_back(activity(other).cpu_share);
+  return fmt::format("not in CPU work of its own (it used {} of a CPU, the others {}): a wait between "
+                     "its collectives (I/O, a lock, a sleep, its GPU)",
+                     percent(activity(rank).cpu_share), percent(median(cpu)));
 }
 
 std::optional<StragglerEpisode> StragglerWatch::judge(int64_t wall_ns) const {
@@ -328,7 +342,15 @@ std::optional<StragglerEpisode> StragglerWatch::judge(int64_t wall_ns) const {
     episode.local_rank = info->second.local_rank;
     episode.cause_pid = info->second.pid;
   }
-  episode.cause = cause_of(episode.rank);
+  const std::optional<std::string> cause = cause_of(episode.rank);
+  // No cause of its own while the collectives it is in crawl: a slow link delays the end of a
+  // collective on some ranks more than others, and the bandwidth watch names that link.
+  if (!cause && bandwidth_.runs_slow(episode.group, episode.rank)) {
+    spdlog::debug("straggler watch: rank {} is late with no cause of its own while its collectives "
+                  "on group {} run slow: theirs, not a straggler", episode.rank, episode.group);
+    return std::nullopt;
+  }
+  episode.cause = cause.value_or(no_cause_of(episode.rank));
   return episode;
 }
 
