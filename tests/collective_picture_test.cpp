@@ -31,6 +31,23 @@ TEST(CollectivePicture, EachRankIsARowAndEachCollectivesLastArrivalIsRed) {
   EXPECT_EQ(page.find("<script"), std::string::npos);
 }
 
+TEST(CollectivePicture, WhoHowMuchAndSinceWhen) {
+  // Rank 2 arrives 200 ms after the others at each of 10 collectives, a second apart.
+  const std::string page = render_collective_picture(collectives(3, 10, 2), {}, {"straggler", 2, {}, ""});
+  // Who: the others' mean wait, 200 ms a collective, charged to rank 2 alone.
+  EXPECT_EQ(count(page, "class=\"wait\""), 3u);
+  EXPECT_NE(page.find("2.00 s (100%)"), std::string::npos) << page;
+  EXPECT_NE(page.find("0.00 s (0%)"), std::string::npos);
+  // How much: a lag line per rank, the straggler's in red.
+  EXPECT_EQ(count(page, "class=\"lag\""), 3u);
+  EXPECT_NE(page.find("class=\"lag\" data-rank=\"2\""), std::string::npos);
+  EXPECT_NE(page.find(">200 ms</text>"), std::string::npos);  // The lag chart's top.
+  // Since when: the pace between the 10 collectives, each one held back by rank 2.
+  EXPECT_EQ(count(page, "class=\"held\""), 9u);
+  EXPECT_EQ(count(page, "class=\"collective\""), 0u);
+  EXPECT_NE(page.find(">9.2 s</text>"), std::string::npos);  // The time axis' end.
+}
+
 TEST(CollectivePicture, ManyRanksKeepTheMarkedRowsWithinTheLimit) {
   const std::string page = render_collective_picture(collectives(200, 2, 150), {}, {"stall", std::nullopt, {190}, ""});
   EXPECT_EQ(count(page, "class=\"row\""), kMaxPictureRows);
