@@ -850,7 +850,9 @@ def remedy(fault, check):
     if fault["what"] in ("job", "step") and fault["kind"] == "slow":
         return ("compare the links' speeds (ethtool, tc qdisc show) and the pairs above; "
                 "NCCL_DEBUG=INFO shows which transport NCCL picked")
-    if fault["what"] in ("node", "link") and fault["kind"] == "slow":
+    if fault["what"] == "link" and fault["kind"] == "slow":
+        return "check both ends' NICs, cables and switch ports (ethtool, tc qdisc show)"
+    if fault["what"] == "node" and fault["kind"] == "slow":
         return "check that node's NIC, cable and switch port (ethtool, tc qdisc show), or leave it out"
     if fault["what"] in ("node", "link"):
         return "check that node's network (ip link, firewall rules, the route to the others), or leave it out"
