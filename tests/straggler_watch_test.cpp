@@ -407,6 +407,21 @@ TEST(BandwidthWatch, AnAllReduceThatSlowsDownIsNamedWithItsBandwidthBeforeAndNow
   EXPECT_TRUE(job.watch.episodes().empty()) << "a slow link names no straggler";
 }
 
+TEST(BandwidthWatch, ALinkThatSlowsBeforeHalfAWindowIsJudgedAgainstWhatCameBefore) {
+  // The default minute's window, a link cut 25 s in, a quarter of the collectives timed: the
+  // figures before the cut are the baseline, and the windows that mix both are none.
+  Job job;
+  job.settings.window_s = 60;
+  job.watch = StragglerWatch(job.settings);
+  job.transfer_s = [](int64_t seq) { return seq < 25 ? 0.01 : 0.5; };
+  job.done_delay = [](int, int64_t seq) { return seq % 4 ? -1e4 : 0.0; };  // Untimed: no done.
+  job.run(120);
+  ASSERT_FALSE(job.watch.bandwidth().episodes().empty());
+  EXPECT_NEAR(job.watch.bandwidth().episodes()[0].busbw_before, 0.559e9, 0.01e9);
+  EXPECT_TRUE(job.watch.bandwidth().runs_slow("0", 1));
+  EXPECT_FALSE(job.watch.bandwidth().runs_slow("1", 1));
+}
+
 TEST(BandwidthWatch, ACollectiveSlowedByALoadedBoxIsNoSlowLink) {
   // Halfway, other work takes the CPU: every rank's main thread waits for one 60 % of the time,
   // and gloo's reductions, which run on the CPU, slow down with it.

@@ -70,9 +70,6 @@ void BandwidthWatch::add(const CollectiveTiming& timing) {
 std::optional<std::tuple<double, double, double>> BandwidthWatch::measure(const Kind& kind,
                                                                           int64_t wall_ns) const {
   if (kind.window.size() < kMinTimedCollectives) return std::nullopt;
-  // Half a window at least, as for stragglers: the first steps are no pattern.
-  if (static_cast<double>(wall_ns - kind.window.front().done_ns) / 1e9 < settings_.window_s / 2)
-    return std::nullopt;
   double bytes = 0, seconds = 0;
   for (const Timed& timed : kind.window) {
     bytes += timed.bus_bytes;
@@ -122,15 +119,27 @@ std::optional<std::string> BandwidthWatch::check(Clock::time_point now,
     spdlog::debug("bandwidth watch: {} {} {} on group {}: {}, before {}, mean {:.3f} s, busy {:.0f}%",
                   slow.op, slow.size, kind.window.size(), slow.group, gbps(busbw),
                   gbps(slow.busbw_before), mean_s, 100 * busy_share);
-    // A slow kind takes real time: a share of the window, each one at least the minimum.
     kind.under_share = busbw < settings_.slow_collective_share * slow.busbw_before &&
                        mean_s >= settings_.slow_collective_min_s;
+    // A window under the share is no baseline, named slow or not: a slowdown's first windows
+    // would lower the figure it is judged against.
+    const auto keep_healthy = [&] {
+      if (kind.under_share) return;
+      kind.healthy.push_back(busbw);
+      if (kind.healthy.size() > kHealthyFigures) kind.healthy.pop_front();
+    };
+    // Half a window before a judgement, as for stragglers (the first steps are no pattern); the
+    // baseline counts from the first few, since a link may slow down before then.
+    if (static_cast<double>(wall_ns - kind.window.front().done_ns) / 1e9 < settings_.window_s / 2) {
+      keep_healthy();
+      continue;
+    }
+    // A slow kind takes real time: a share of the window, each one at least the minimum.
     const bool slow_now = kind.under_share && busy_share >= settings_.min_step_share;
     if (!slow_now) {
       recovered |= current_ && key == current_key_;
       kind.slow_since_ns.reset();
-      kind.healthy.push_back(busbw);
-      if (kind.healthy.size() > kHealthyFigures) kind.healthy.pop_front();
+      keep_healthy();
       continue;
     }
     // Its ranks waited for a CPU: the box is loaded, and no link is to blame. Neither slow nor
