@@ -123,7 +123,7 @@ std::optional<std::string> BandwidthWatch::check(Clock::time_point now,
                        mean_s >= settings_.slow_collective_min_s;
     // A window under the share is no baseline, named slow or not: a slowdown's first windows
     // would lower the figure it is judged against.
-    const auto keep_healthy = [&] {
+    const auto keep_healthy = [&kind = kind, busbw = busbw] {
       if (kind.under_share) return;
       kind.healthy.push_back(busbw);
       if (kind.healthy.size() > kHealthyFigures) kind.healthy.pop_front();
