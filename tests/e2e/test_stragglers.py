@@ -125,8 +125,15 @@ class StragglerTest(StragglerCase):
             text = f.read()
         for fetch in ("<script", "src=", "href=", "url(", "@import", "<link"):
             self.assertNotIn(fetch, text)
-        self.assertEqual(re.findall(r"https?://[^\s\"]+", text), ["http://www.w3.org/2000/svg"])
-        svg = ElementTree.fromstring(text).find(".//{http://www.w3.org/2000/svg}svg")
+        # Each chart's SVG namespace, and nothing else a browser could fetch.
+        self.assertEqual(set(re.findall(r"https?://[^\s\"]+", text)), {"http://www.w3.org/2000/svg"})
+        svgs = list(ElementTree.fromstring(text).iter("{http://www.w3.org/2000/svg}svg"))
+        # Who: the others waited for the straggler longest.
+        [waits] = [s for s in svgs if s.get("class") == "waits"]
+        bars = {int(r.get("data-rank")): float(r.get("width")) for r in waits.findall("{http://www.w3.org/2000/svg}rect")}
+        self.assertEqual(max(bars, key=bars.get), straggler, bars)
+        # Every arrival: a row per rank, most last arrivals on the straggler's.
+        [svg] = [s for s in svgs if any(r.get("class") == "row" for r in s.findall("{http://www.w3.org/2000/svg}rect"))]
         rects = svg.findall("{http://www.w3.org/2000/svg}rect")
         rows = {int(r.get("data-rank")): r for r in rects if r.get("class") == "row"}
         self.assertEqual(sorted(rows), list(range(world)))
@@ -145,7 +152,7 @@ class StragglerTest(StragglerCase):
         red marks of last arrivals."""
         shot = os.path.join(self.tmp, "shot.png")
         subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                        "--window-size=1300,400", "--user-data-dir=" + os.path.join(self.tmp, "chromium"),
+                        "--window-size=1300,1500", "--user-data-dir=" + os.path.join(self.tmp, "chromium"),
                         "--proxy-server=127.0.0.1:9", f"--screenshot={shot}", "file://" + path],
                        capture_output=True, timeout=120, check=True)
         colours = png_colours(shot)
