@@ -621,7 +621,6 @@ std::optional<int> Launch::preflight_pass(const std::string& python, const Prefl
   stop_at_bound.cancel();
   std::swap(plan_->argv, argv);
   plan_->extra_env = job_env;
-  const auto& report_file = pass.report_file;
   // Each pass has keys of its own: a node that starts the next pass first loses none of them.
   if (store_) store_->erase_prefix(fmt::format("{}{}/", kPreflightKeyPrefix, number));
   if (overran) {
@@ -630,7 +629,7 @@ std::optional<int> Launch::preflight_pass(const std::string& python, const Prefl
   }
 
   // Another node that judged first may stop this one as its ranks leave: their report stands.
-  const bool reported = std::filesystem::exists(report_file, ec);
+  const bool reported = std::filesystem::exists(pass.report_file, ec);
   switch (result.end) {
     case AttemptResult::End::kInterrupted:
       return exit_code_for_signal(result.interrupt_signal);
@@ -644,7 +643,7 @@ std::optional<int> Launch::preflight_pass(const std::string& python, const Prefl
     default:
       break;
   }
-  report = read_preflight_report(report_file);
+  report = read_preflight_report(pass.report_file);
   return std::nullopt;
 }
 

@@ -210,7 +210,7 @@ double StragglerWatch::cpu_wait_share(const std::vector<int>& ranks) const {
   return shares.empty() ? 0 : median(std::move(shares));
 }
 
-std::optional<std::string> StragglerWatch::cause_of(int rank) const {
+StragglerWatch::Cause StragglerWatch::cause_of(int rank) const {
   const RankActivity own = activity(rank);
   std::vector<double> cpu, run_delay, data_loader;
   for (const auto& [other, history] : history_) {
@@ -221,32 +221,25 @@ std::optional<std::string> StragglerWatch::cause_of(int rank) const {
     data_loader.push_back(theirs.data_loader_share);
   }
   if (own.cpu_quota_cores > 0 && own.throttled_share >= kThrottledShare)
-    return fmt::format("throttled by its cgroup's CPU quota ({}): throttled in {} of its periods",
-                       own.cpu_quota_cores < 1 ? percent(own.cpu_quota_cores) + " of a core"
-                                               : fmt::format("{:g} cores", own.cpu_quota_cores),
-                       percent(own.throttled_share));
+    return {fmt::format("throttled by its cgroup's CPU quota ({}): throttled in {} of its periods",
+                        own.cpu_quota_cores < 1 ? percent(own.cpu_quota_cores) + " of a core"
+                                                : fmt::format("{:g} cores", own.cpu_quota_cores),
+                        percent(own.throttled_share)), true};
   const double others_delay = median(run_delay);
   if (own.run_delay_share >= kStarvedRunDelayShare &&
       own.run_delay_share >= kStarvedOverOthers * others_delay)
-    return fmt::format("starved of CPU: it waited for a CPU {} of the time, the others {}",
-                       percent(own.run_delay_share), percent(others_delay));
+    return {fmt::format("starved of CPU: it waited for a CPU {} of the time, the others {}",
+                        percent(own.run_delay_share), percent(others_delay)), true};
   if (own.data_loader_share >= kDataLoaderShare &&
       own.data_loader_share >= kDataLoaderOverOthers * median(data_loader))
-    return fmt::format("in its data loader: {} of its samples were in torch's DataLoader",
-                       percent(own.data_loader_share));
+    return {fmt::format("in its data loader: {} of its samples were in torch's DataLoader",
+                        percent(own.data_loader_share)), true};
   if (own.cpu_share >= kComputeOverOthers * median(cpu) && own.cpu_share > 0)
-    return fmt::format("in its own compute: it used {} of a CPU, the others {}",
-                       percent(own.cpu_share), percent(median(cpu)));
-  return std::nullopt;
-}
-
-std::string StragglerWatch::no_cause_of(int rank) const {
-  std::vector<double> cpu;
-  for (const auto& [other, history] : history_)
-    if (other != rank) cpu.push_back(activity(other).cpu_share);
-  return fmt::format("not in CPU work of its own (it used {} of a CPU, the others {}): a wait between "
-                     "its collectives (I/O, a lock, a sleep, its GPU)",
-                     percent(activity(rank).cpu_share), percent(median(cpu)));
+    return {fmt::format("in its own compute: it used {} of a CPU, the others {}",
+                        percent(own.cpu_share), percent(median(cpu))), true};
+  return {fmt::format("not in CPU work of its own (it used {} of a CPU, the others {}): a wait "
+                      "between its collectives (I/O, a lock, a sleep, its GPU)",
+                      percent(own.cpu_share), percent(median(cpu))), false};
 }
 
 std::optional<StragglerEpisode> StragglerWatch::judge(int64_t wall_ns) const {
@@ -342,15 +335,15 @@ std::optional<StragglerEpisode> StragglerWatch::judge(int64_t wall_ns) const {
     episode.local_rank = info->second.local_rank;
     episode.cause_pid = info->second.pid;
   }
-  const std::optional<std::string> cause = cause_of(episode.rank);
+  Cause cause = cause_of(episode.rank);
   // No cause of its own while the collectives it is in crawl: a slow link delays the end of a
   // collective on some ranks more than others, and the bandwidth watch names that link.
-  if (!cause && bandwidth_.runs_slow(episode.group, episode.rank)) {
+  if (!cause.its_own && bandwidth_.runs_slow(episode.group, episode.rank)) {
     spdlog::debug("straggler watch: rank {} is late with no cause of its own while its collectives "
                   "on group {} run slow: theirs, not a straggler", episode.rank, episode.group);
     return std::nullopt;
   }
-  episode.cause = cause.value_or(no_cause_of(episode.rank));
+  episode.cause = std::move(cause.text);
   return episode;
 }
 

@@ -139,11 +139,13 @@ class StragglerWatch {
   int64_t on_this_clock(int rank, int64_t rank_ns) const;
   std::optional<StragglerEpisode> judge(int64_t wall_ns) const;
   RankActivity activity(int rank) const;
+  struct Cause {
+    std::string text;
+    bool its_own = false;  ///< False: none was found, and the text says what its CPU rules out.
+  };
   /// Where its time goes: a quota, a CPU another takes, its data loader, or compute beyond the
-  /// others'; nullopt when none of them.
-  std::optional<std::string> cause_of(int rank) const;
-  /// The cause when none is found: what its CPU says it was not doing.
-  std::string no_cause_of(int rank) const;
+  /// others'.
+  Cause cause_of(int rank) const;
   std::string describe(const StragglerEpisode& episode, bool changed) const;
 
   StragglerSettings settings_;
