@@ -66,6 +66,9 @@
 namespace mcprun {
 
 inline constexpr int kProtocolVersion = 1;
+
+/// Where the systemd unit's rendezvousd listens for local users: operators and GPU leases.
+inline constexpr const char* kDefaultDaemonEndpoint = "unix:/run/mcprun/rendezvousd.sock";
 /// Largest payload accepted: far above any real message, small enough that a hostile peer cannot
 /// make the daemon buffer much.
 inline constexpr uint32_t kMaxFrameBytes = 64 * 1024;

@@ -2,8 +2,6 @@
 
 #include <unistd.h>
 
-#include <boost/asio/ip/v6_only.hpp>
-
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -17,6 +15,7 @@
 #include "common/exit_status.hpp"
 #include "common/expected.hpp"
 #include "common/logging.hpp"
+#include "common/prometheus_text.hpp"
 #include "common/protocol.hpp"
 #include "common/sys.hpp"
 #include "launcher/plan/descriptor_budget.hpp"
@@ -24,6 +23,10 @@
 #include "launcher/supervise/output_relay.hpp"
 #include "launcher/commands/operator_command.hpp"
 #include "launcher/stall/stall_report.hpp"
+#include "launcher/attempt_report.hpp"
+#include "launcher/preflight_run.hpp"
+#include "launcher/rendezvous/node_join.hpp"
+#include "launcher/run_directory.hpp"
 #include "launcher/store/torch_keys.hpp"
 #include "rendezvousd/daemon_config.hpp"
 
@@ -35,117 +38,9 @@ namespace {
 /// name the daemon adds when it relays it.
 constexpr size_t kStallNoticeBytes = kMaxFrameBytes - 4096;
 
-/// Each rank's output is also written to files in its run folder.
-bool keeps_log_files(const LaunchConfig& config) {
-  const bool streams_to_files = config.redirects.all || config.tee.all ||
-                                !config.redirects.per_rank.empty() || !config.tee.per_rank.empty();
-  return !config.log_dir.empty() || streams_to_files || config.nccl_debug;
-}
-
-}  // namespace
-
-/// The run's folder: attempt_<n>/<local rank>/{stdout.log,stderr.log,error.json}. Under
-/// --log-dir it is kept; otherwise it is a temp folder removed at exit unless logs were asked for.
-class RunDirectory {
- public:
-  static Expected<std::unique_ptr<RunDirectory>> create(const LaunchConfig& config) {
-    std::filesystem::path parent = config.log_dir;
-    if (parent.empty()) {
-      const char* tmp = std::getenv("TMPDIR");
-      parent = tmp && *tmp ? tmp : "/tmp";
-    }
-    // A --log-dir is the user's input, named as such; TMPDIR's folder is mcprun's own choice.
-    const std::string named = config.log_dir.empty() ? "" : "--log-dir " + config.log_dir + ": ";
-    if (auto made = make_folders(parent); !made) return Error{named + made.error().message};
-    std::string pattern = (parent / ("mcprun_" + config.rdzv_id + "_XXXXXX")).string();
-    if (::mkdtemp(pattern.data()) == nullptr)
-      return Error{named + "cannot create a run folder in " + parent.string() + ": " +
-                   std::strerror(errno)};
-    const bool keep = keeps_log_files(config);
-    if (keep) spdlog::info("logs of this run: {}", pattern);
-    return std::unique_ptr<RunDirectory>(new RunDirectory(pattern, keep));
-  }
-  RunDirectory(const RunDirectory&) = delete;
-  RunDirectory& operator=(const RunDirectory&) = delete;
-  ~RunDirectory() {
-    std::error_code ec;
-    if (!runtime_.empty()) std::filesystem::remove_all(runtime_, ec);
-    if (!keep_) std::filesystem::remove_all(path_, ec);
-  }
-  AttemptFiles attempt(int restart_count) const {
-    return {path_ / ("attempt_" + std::to_string(restart_count)), keep_};
-  }
-  const std::filesystem::path& path() const { return path_; }
-  /// Keeps the folder after all: it holds a stall's report and stack dumps.
-  void keep() {
-    if (!keep_) spdlog::info("keeping this run's files: {}", path_.string());
-    keep_ = true;
-  }
-  /// Where the FileTimer pipe and the helper's socket live: a unix socket path must stay short.
-  std::filesystem::path runtime_dir() {
-    if ((path_ / "agent.sock").string().size() < kUnixPathLimit) return path_;
-    if (runtime_.empty()) {
-      std::string pattern = "/tmp/mcprun_rt_XXXXXX";
-      if (::mkdtemp(pattern.data()) != nullptr) runtime_ = pattern;
-    }
-    return runtime_;
-  }
-
- private:
-  RunDirectory(std::filesystem::path path, bool keep) : path_(std::move(path)), keep_(keep) {}
-
-  static constexpr size_t kUnixPathLimit = 100;  ///< sun_path holds 108 bytes.
-  std::filesystem::path path_;
-  std::filesystem::path runtime_;
-  bool keep_ = false;
-};
-
-namespace {
-
 /// How long the node hosting the embedded rendezvous keeps serving after its own workers are
 /// done, so the other nodes can report theirs (torchrun's exit barrier).
 constexpr std::chrono::seconds kHostExitBarrierTimeout{60};
-
-/// torchrun's is_host guess: the endpoint names this machine.
-bool endpoint_is_local(const Endpoint& endpoint) {
-  const std::string& host = endpoint.host;
-  if (host == "localhost" || host == host_name()) return true;
-  boost::system::error_code ec;
-  auto address = boost::asio::ip::make_address(host, ec);
-  if (ec) return false;
-  return address.is_loopback() || interface_for_address(address.to_string()).has_value();
-}
-
-/// Hosts the rendezvous in-process when this node is the endpoint and nothing listens there yet.
-std::unique_ptr<RendezvousServer> host_embedded_rendezvous(boost::asio::io_context& io,
-                                                           const LaunchConfig& config) {
-  // A unix socket or a malformed endpoint is never hosted here; the client says what is wrong.
-  auto endpoint = parse_endpoint(config.rdzv_endpoint);
-  if (!endpoint || !config.is_host.value_or(endpoint_is_local(*endpoint))) return nullptr;
-  const int port = endpoint->port;
-  try {
-    auto server = std::make_unique<RendezvousServer>(
-        io, boost::asio::ip::tcp::endpoint(boost::asio::ip::tcp::v4(), static_cast<unsigned short>(port)),
-        ServerSettings{});
-    spdlog::info("hosting the rendezvous for job '{}' on port {}", config.rdzv_id, port);
-    return server;
-  } catch (const boost::system::system_error& error) {
-    // A rendezvousd already listens there (or another host agent): be its client instead.
-    spdlog::debug("not hosting the rendezvous on port {}: {}", port, error.code().message());
-    return nullptr;
-  }
-}
-
-/// This node's pinned GPUs in local-rank order, as the rendezvous learns them with the join.
-nlohmann::json gpu_topology(const RankPlan& plan) {
-  nlohmann::json gpus = nlohmann::json::array();
-  for (const RankSlot& slot : plan.slots)
-    if (const auto& gpu = slot.identity.gpu)
-      gpus.push_back({{"local_rank", slot.identity.local_rank}, {"bus_id", gpu->bus_id},
-                      {"numa_node", gpu->numa_node}, {"switch", gpu->switch_id()},
-                      {"uuid", gpu->uuid}});
-  return gpus;
-}
 
 /// How long a stalled node waits for the other nodes' views of their ranks.
 constexpr std::chrono::seconds kStallReportTimeout{5};
@@ -153,87 +48,6 @@ constexpr std::chrono::seconds kStallReportTimeout{5};
 /// How long the host of an embedded rendezvous keeps serving after a last failure or stall, so
 /// that the other nodes hear of it before the server goes away.
 constexpr std::chrono::seconds kFailurePassOnTimeout{2};
-
-/// The python helper (import mcprun) next to the binary: <prefix>/share/mcprun/python, which
-/// the build tree mirrors.
-std::optional<std::filesystem::path> python_helper_dir() {
-  const auto exe = self_executable();
-  if (exe.empty()) return std::nullopt;
-  std::error_code ec;
-  auto dir = exe.parent_path().parent_path() / "share" / "mcprun" / "python";
-  if (!std::filesystem::exists(dir / "mcprun" / "__init__.py", ec)) return std::nullopt;
-  return dir;
-}
-
-/// What supervision adds for every worker: the watchdogs' files under `runtime_dir` and the
-/// helper module on PYTHONPATH. A run and --dry-run both add them here.
-void add_supervision_env(RankPlan& plan, const std::filesystem::path& runtime_dir,
-                         const LaunchConfig& config, const Environment& inherited) {
-  for (auto& [name, value] : StallWatch::worker_env(runtime_dir, config.stall))
-    plan.extra_env[name] = value;
-  if (auto helper = python_helper_dir()) {
-    auto inherited_path = inherited.find("PYTHONPATH");
-    plan.extra_env["PYTHONPATH"] =
-        helper->string() + (inherited_path == inherited.end() ? "" : ":" + inherited_path->second);
-  }
-}
-
-/// The job store's listening socket on MASTER_PORT: the socket mcprun reserved when it holds
-/// that port, else a fresh bind (a --master-port the user chose). An IPv6 MASTER_ADDR
-/// (--rdzv-endpoint [::1]:PORT) gets a dual-stack IPv6 socket, so its workers can connect.
-Expected<boost::asio::ip::tcp::acceptor> store_acceptor(
-    boost::asio::io_context& io, const std::string& master_addr, int port,
-    std::optional<PortReservation>& reservation) {
-  namespace ip = boost::asio::ip;
-  ip::tcp::acceptor acceptor(io);
-  boost::system::error_code ec;
-  const bool ipv6 = master_addr.find(':') != std::string::npos;
-  if (reservation && reservation->port() == port && !ipv6) {
-    acceptor.assign(ip::tcp::v4(), reservation->take_socket().release(), ec);
-    reservation.reset();
-  } else {
-    const ip::tcp protocol = ipv6 ? ip::tcp::v6() : ip::tcp::v4();
-    acceptor.open(protocol, ec);
-    if (!ec) acceptor.set_option(ip::tcp::acceptor::reuse_address(true), ec);
-    if (!ec && ipv6) acceptor.set_option(ip::v6_only(false), ec);
-    if (!ec) acceptor.bind({protocol, static_cast<unsigned short>(port)}, ec);
-  }
-  if (!ec) acceptor.listen(kListenBacklog, ec);
-  if (ec)
-    return Error{fmt::format("cannot serve the job store on MASTER_PORT {}: {}", port, ec.message())};
-  return acceptor;
-}
-
-/// Points a failure or stall report at each rank's NCCL log, under --nccl-debug.
-void name_nccl_logs(const LaunchConfig& config, const AttemptResult& result, const AttemptFiles& files) {
-  if (!config.nccl_debug) return;
-  std::fputs("NCCL debug logs (--nccl-debug):\n", stderr);
-  for (const WorkerOutcome& worker : result.workers)
-    std::fprintf(stderr, "  rank %d: %s\n", worker.rank,
-                 nccl_log_pattern(files.attempt_dir / std::to_string(worker.local_rank)).c_str());
-}
-
-/// The rendezvousd that leases this box's GPUs: $MCPRUN_DAEMON (unix:PATH; empty: none), else
-/// the service's socket when it exists.
-std::optional<std::string> lease_endpoint(const Environment& inherited) {
-  std::string endpoint = kDefaultDaemonEndpoint;
-  if (auto chosen = inherited.find("MCPRUN_DAEMON"); chosen != inherited.end()) endpoint = chosen->second;
-  auto parsed = parse_endpoint(endpoint, kConnectRules);
-  if (!parsed || !parsed->is_unix()) {
-    if (!endpoint.empty()) spdlog::warn("MCPRUN_DAEMON={}: GPU leases need unix:PATH; not leasing", endpoint);
-    return std::nullopt;
-  }
-  std::error_code ec;
-  if (!std::filesystem::exists(parsed->unix_path, ec)) return std::nullopt;
-  return endpoint;
-}
-
-/// How many GPUs to lease: one per rank when ranks are pinned, all of them for -n gpu|auto.
-int gpus_wanted(const LaunchConfig& config, const std::vector<GpuDevice>& gpus) {
-  if (config.no_pin || gpus.empty()) return 0;
-  if (config.nproc.kind == NprocSpec::Kind::kCount) return config.nproc.count;
-  return config.nproc.kind == NprocSpec::Kind::kCpu ? 0 : static_cast<int>(gpus.size());
-}
 
 }  // namespace
 
@@ -276,10 +90,10 @@ int Launch::run() {
     summary_.begin_attempt();
     AttemptResult result = group_->run_attempt(restart_count, run_dir_->attempt(attempt));
     summary_.end_attempt(result, run_dir_->attempt(attempt), plan_->job.world_size);
-    collectives_at_end_ = watch_->ranks_in_collectives();  // Before end_attempt forgets them.
+    last_seen_.in_collectives = watch_->ranks_in_collectives();  // Before end_attempt forgets them.
     if (!config_.log_dir.empty() && result.end != AttemptResult::End::kStalled)
       draw_collectives("end of the attempt", "", {});
-    exiting_at_end_ = watch_->exiting_ranks();
+    last_seen_.exiting = watch_->exiting_ranks();
     watch_->end_attempt();
     summary_.set_stragglers(watch_->stragglers());
     summary_.set_slow_collectives(watch_->slow_collectives());
@@ -288,24 +102,20 @@ int Launch::run() {
 }
 
 std::optional<int> Launch::lease_gpus(std::vector<GpuDevice>& gpus) {
-  // On a shared box the local rendezvousd leases this job its GPUs and master port, for as long
-  // as this connection lasts: two users' jobs never share either.
-  auto endpoint = lease_endpoint(inherited_);
-  if (!endpoint || config_.dry_run) return std::nullopt;
-  lease_holder_ = std::make_unique<RendezvousClient>(io_, *endpoint);
-  auto granted = lease_holder_->lease(
-      {{"gpus", gpus_wanted(config_, gpus)}, {"wait_s", config_.gpu_wait}, {"job", config_.rdzv_id}},
-      std::chrono::milliseconds(static_cast<long>(config_.gpu_wait * 1000)) + kConnectTimeout);
-  if (!granted) {
-    spdlog::error("no GPU lease from rendezvousd at {}: {}", *endpoint, granted.error().message);
+  if (config_.dry_run) return std::nullopt;
+  auto lease = lease_from_local_daemon(io_, config_, inherited_, gpus);
+  if (!lease) {
+    spdlog::error("{}", lease.error().message);
     return kExitRendezvous;
   }
-  const GrantedLease& lease = *granted;
+  if (!*lease) return std::nullopt;
+  const GrantedLease& granted = (*lease)->granted;
   std::erase_if(gpus, [&](const GpuDevice& gpu) {
-    return std::find(lease.gpus.begin(), lease.gpus.end(), gpu.bus_id) == lease.gpus.end();
+    return std::find(granted.gpus.begin(), granted.gpus.end(), gpu.bus_id) == granted.gpus.end();
   });
-  spdlog::info("leased from rendezvousd: {} GPU(s), master port {}", lease.gpus.size(), lease.port);
-  leased_port_ = lease.port;
+  spdlog::info("leased from rendezvousd: {} GPU(s), master port {}", granted.gpus.size(), granted.port);
+  leased_port_ = granted.port;
+  lease_holder_ = std::move((*lease)->holder);
   return std::nullopt;
 }
 
@@ -334,7 +144,7 @@ std::optional<int> Launch::plan_ranks(std::vector<GpuDevice> gpus) {
   }
   for (const auto& warning : plan_->warnings) spdlog::warn("{}", warning);
   if (config_.dry_run) {  // What the workers would get, with the run's folder still unmade.
-    add_supervision_env(*plan_, kDryRunDir, config_, inherited_);
+    add_supervision_env(*plan_, kDryRunDir, config_.stall.collective_timeout > 0, inherited_);
     std::cout << format_rank_plan(*plan_, inherited_);
     return kExitSuccess;
   }
@@ -344,23 +154,11 @@ std::optional<int> Launch::plan_ranks(std::vector<GpuDevice> gpus) {
 std::optional<int> Launch::prepare_join() {
   if (!config_.uses_rendezvous()) return std::nullopt;
   if (config_.rdzv_backend == "c10d") embedded_ = host_embedded_rendezvous(io_, config_);
-  join_ = {{"job", config_.rdzv_id},
-           {"node", config_.node_name.empty() ? host_ + ":" + std::to_string(::getpid())
-                                              : config_.node_name},
-           {"nproc", plan_->slots.size()},
-           {"master_port", plan_->job.master_port},
-           {"node_rank", config_.node_rank.value_or(-1)},
-           {"labels", config_.topology_labels},
-           {"gpus", gpu_topology(*plan_)},
-           {"min_nodes", config_.min_nodes},
-           {"max_nodes", config_.max_nodes},
-           {"join_timeout_s", config_.join_timeout},
-           {"last_call_timeout_s", config_.last_call_timeout}};
-  if (!config_.rdzv_token_file.empty()) {
-    auto token = read_token_file(config_.rdzv_token_file);
-    if (!token) return usage_error("--rdzv-token-file " + config_.rdzv_token_file + ": cannot read a token");
-    join_["token"] = *token;
-  }
+  const std::string node =
+      config_.node_name.empty() ? host_ + ":" + std::to_string(::getpid()) : config_.node_name;
+  auto join = join_message(config_, *plan_, node);
+  if (!join) return usage_error(join.error().message);
+  join_ = std::move(*join);
   return std::nullopt;
 }
 
@@ -380,7 +178,8 @@ std::optional<int> Launch::prepare_supervision() {
                  "publish its process-group address instead", torch_keys::kInitBarrierSwitch);
   }
   watch_ = std::make_unique<StallWatch>(io_, stall, host_, run_dir_->runtime_dir(), config_.node_name);
-  add_supervision_env(*plan_, run_dir_->runtime_dir(), config_, inherited_);
+  add_supervision_env(*plan_, run_dir_->runtime_dir(), config_.stall.collective_timeout > 0,
+                      inherited_);
   group_ = std::make_unique<WorkerGroup>(io_, control_, *plan_, config_, inherited_);
   // --timeout: one deadline for the whole job, across rounds and restarts.
   if (config_.job_timeout > 0) {
@@ -406,11 +205,7 @@ std::optional<int> Launch::prepare_supervision() {
   // node hears of them at once, so each node's report covers the whole job.
   group_->on_stall([this](const StallNotice& notice, const std::vector<WorkerStatus>& workers) {
     std::vector<RankProgress> local = watch_->diagnose(notice, workers);
-    std::map<int, int> pids;
-    for (const WorkerStatus& worker : workers) pids[worker.rank] = worker.pid;
-    const HintJob job = hint_job(pids);
-    for (RankProgress& rank : local)
-      rank.hint = failure_hint(rank.rank, {rank.last_line}, job, hint_probes_).value_or("");
+    add_stall_hints(node_facts(), workers, local);
     if (rendezvous_) {
       nlohmann::json ranks = nlohmann::json::array();
       for (const RankProgress& rank : local) ranks.push_back(to_json(rank));
@@ -426,7 +221,9 @@ std::optional<int> Launch::serve_metrics() {
   auto listen = parse_listen_address(config_.metrics_port);
   if (!listen) return usage_error("--metrics-port " + listen.error().message);
   try {
-    metrics_.emplace(io_, *listen, [this] { return render_node_metrics(node_metrics()); });
+    metrics_.emplace(io_, *listen, [this] {
+      return render_node_metrics(node_metrics_now(group_->status(), attempt_, watch_->straggler_watch()));
+    });
   } catch (const boost::system::system_error& error) {
     spdlog::error("--metrics-port {}: cannot listen there: {}", config_.metrics_port,
                   error.code().message());
@@ -439,38 +236,10 @@ std::optional<int> Launch::serve_metrics() {
 
 void Launch::draw_collectives(const std::string& title, const std::string& note,
                               const std::set<int>& missing) {
-  const StragglerWatch* stragglers = watch_->straggler_watch();
-  if (!stragglers || stragglers->recent().empty()) return;  // Not the store's node, or torch 1.x.
-  PictureMarks marks{title, std::nullopt, missing, note};
-  if (const StragglerEpisode* current = stragglers->current()) marks.straggler = current->rank;
-  const auto path = run_dir_->path() / "collectives.html";
-  std::ofstream out(path);
-  out << render_collective_picture(stragglers->recent(), stragglers->arrivals(), marks);
-  if (!out.flush()) {
-    spdlog::warn("cannot write the picture of the last collectives to {}", path.string());
-    return;
-  }
-  run_dir_->keep();  // The picture is what a person opens first: it outlives the run.
-  spdlog::info("the last collectives, drawn: {}", path.string());
-}
-
-NodeMetrics Launch::node_metrics() const {
-  NodeMetrics metrics;
-  for (const WorkerStatus& worker : group_->status())
-    ++(worker.running ? metrics.workers_running : metrics.workers_exited);
-  metrics.restarts = attempt_;
-  if (const StragglerWatch* stragglers = watch_->straggler_watch()) {
-    metrics.arrivals = stragglers->arrivals();
-    if (const StragglerEpisode* current = stragglers->current()) {
-      metrics.straggler = current->rank;
-      metrics.straggler_cost_share = current->cost_share;
-    }
-    metrics.stragglers_named = stragglers->episodes().size();
-    metrics.bandwidth = stragglers->bandwidth().figures();
-    metrics.slow_collectives_named = stragglers->bandwidth().episodes().size();
-  }
-  metrics.resident_bytes = resident_memory_bytes();
-  return metrics;
+  // The picture is what a person opens first: it outlives the run.
+  if (draw_collective_picture(watch_->straggler_watch(), run_dir_->path() / "collectives.html",
+                              {title, std::nullopt, missing, note}))
+    run_dir_->keep();
 }
 
 std::optional<int> Launch::join_round(int restart_count) {
@@ -534,117 +303,18 @@ std::optional<int> Launch::join_round(int restart_count) {
   return std::nullopt;
 }
 
-namespace {
-
-/// Where the preflight's keys live in the job store (torch's clients add the leading slash);
-/// erased before the script starts.
-constexpr std::string_view kPreflightKeyPrefix = "/mcprun/preflight/";
-
-}  // namespace
-
 std::optional<int> Launch::run_preflight() {
   if (config_.preflight == LaunchConfig::Preflight::kOff) return std::nullopt;
-  const auto python = find_executable(worker_python(inherited_), search_path_of(inherited_));
-  if (!python || !python_helper_dir()) {
-    spdlog::error("--preflight needs python ({}) and mcprun's python folder next to mcprun "
-                  "(share/mcprun/python)", python.value_or(worker_python(inherited_)));
-    return kExitFailure;
-  }
-  const PreflightBudget budget = preflight_budget(config_.preflight_timeout, plan_->job.world_size);
-  spdlog::info("preflight: checking {} rank(s) before the script, within {:g} s (step deadline "
-               "{:g} s)", plan_->job.world_size, budget.bound_s, budget.step_s);
-  nlohmann::json report;
-  if (auto code = preflight_pass(*python, budget, 0, {}, report)) return *code;
-  if (!report.value("ok", false) && report.value("backend", std::string()) == "nccl" &&
-      report.value("dead", false)) {
-    // Which transport fails: every node retries alike, since every node got the same report.
-    size_t pass = 0;
-    for (const char* variable : {"NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE"}) {
-      nlohmann::json retry;
-      spdlog::info("preflight: again with {}=1, within {:g} s", variable, budget.bound_s);
-      if (auto code = preflight_pass(*python, budget, ++pass, {{variable, "1"}}, retry)) return *code;
-      report["retries"][variable] = retry.value("ok", false);
-    }
-    report["transport"] = nccl_transport_finding(report["retries"]);
-    report["text"] = report.value("text", std::string()) + "mcprun preflight: " +
-                     report["transport"].get<std::string>() + "\n";
-  }
-  std::fputs(report.value("text", std::string()).c_str(), stderr);
-  report.erase("text");
-  const bool ok = report.value("ok", false);
-  // Its largest all-reduce: the floor under which the bandwidth watch calls one slow.
-  if (const auto floor = preflight_floor(report)) watch_->set_bandwidth_floor(floor->first, floor->second);
-  summary_.set_preflight(std::move(report));
-  if (ok) return std::nullopt;
-  if (config_.preflight == LaunchConfig::Preflight::kWarn) {
-    spdlog::warn("--preflight=warn: starting the script anyway");
-    return std::nullopt;
-  }
-  spdlog::error("--preflight=fail: not starting the script (exit {})",
-                static_cast<int>(kExitPreflightFailed));
-  if (rendezvous_) rendezvous_->report_failure("the preflight failed on " + host_, kExitPreflightFailed);
-  serve_remaining_nodes(kFailurePassOnTimeout);
-  return kExitPreflightFailed;
-}
-
-std::optional<int> Launch::preflight_pass(const std::string& python, const PreflightBudget& budget,
-                                          size_t number, const Environment& transport,
-                                          nlohmann::json& report) {
-  AttemptFiles files = run_dir_->attempt(0);
-  files.attempt_dir = run_dir_->path() / ("preflight_" + std::to_string(number));
-  std::error_code ec;
-  std::filesystem::create_directories(files.attempt_dir, ec);
-  const auto bound = std::chrono::milliseconds(static_cast<long>(budget.bound_s * 1000));
-  const PreflightPass pass{number, files.attempt_dir / "report.json", files.attempt_dir / "node.json",
-                           std::chrono::steady_clock::now() + bound, config_.preflight_min_busbw};
-  std::ofstream(pass.node_file) << preflight_node(*plan_, config_.node_name.empty() ? host_ : config_.node_name);
-
-  // The same ranks, pinning, binding and environment as the script, running the check instead;
-  // the plan is the script's again before anything else reads it.
-  std::vector<std::string> argv = {python, "-u", "-m", "mcprun._preflight"};
-  const Environment job_env = plan_->extra_env;
-  std::swap(plan_->argv, argv);
-  for (const auto& [name, value] : transport) plan_->extra_env[name] = value;
-  for (const auto& [name, value] : preflight_env(budget, pass)) plan_->extra_env[name] = value;
-  // The bound is kept whatever the ranks do: past it, the check is stopped and that is its finding.
-  bool overran = false;
-  boost::asio::steady_timer stop_at_bound(io_, bound + std::chrono::seconds(1));
-  stop_at_bound.async_wait([&](boost::system::error_code error) {
-    if (error) return;
-    overran = true;
-    group_->request_stop(fmt::format("the preflight ran past its bound of {:g} s", budget.bound_s),
-                         kExitPreflightFailed);
-  });
   in_preflight_ = true;
-  const AttemptResult result = group_->run_attempt(0, files);
+  const PreflightOutcome outcome = run_preflight_check(
+      {io_, config_, *plan_, inherited_, config_.node_name.empty() ? host_ : config_.node_name,
+       *group_, *run_dir_, store_.get(), *watch_, summary_, timed_out_});
   in_preflight_ = false;
-  stop_at_bound.cancel();
-  std::swap(plan_->argv, argv);
-  plan_->extra_env = job_env;
-  // Each pass has keys of its own: a node that starts the next pass first loses none of them.
-  if (store_) store_->erase_prefix(fmt::format("{}{}/", kPreflightKeyPrefix, number));
-  if (overran) {
-    report = overran_preflight_report(budget);
-    return std::nullopt;
+  if (outcome.judged_failed) {
+    if (rendezvous_) rendezvous_->report_failure("the preflight failed on " + host_, kExitPreflightFailed);
+    serve_remaining_nodes(kFailurePassOnTimeout);
   }
-
-  // Another node that judged first may stop this one as its ranks leave: their report stands.
-  const bool reported = std::filesystem::exists(pass.report_file, ec);
-  switch (result.end) {
-    case AttemptResult::End::kInterrupted:
-      return exit_code_for_signal(result.interrupt_signal);
-    case AttemptResult::End::kPeerStopped:
-      if (reported && !timed_out_) break;
-      spdlog::error("stopped during the preflight: {}", result.peer_reason);
-      return timed_out_ ? kExitJobTimeout : result.peer_exit_code;
-    case AttemptResult::End::kSpawnFailed:
-      spdlog::error("cannot start the preflight: {}", result.spawn_error);
-      return kExitFailure;
-    default:
-      break;
-  }
-  report = read_preflight_report(pass.report_file);
-  return std::nullopt;
+  return outcome.exit_code;
 }
 
 bool Launch::serve_store_if_master() {
@@ -731,11 +401,8 @@ std::optional<int> Launch::conclude(const AttemptResult& result, int attempt, in
         return std::nullopt;
       }
       spdlog::error("stopped this node's workers: {}", result.peer_reason);
-      code_without_restart_ = result.peer_exit_code;
-      if (restart_count >= config_.max_restarts || job_closed()) return code_without_restart_;
-      spdlog::warn("restarting the worker group with the other nodes ({} of {} restarts)",
-                   restart_count + 1, config_.max_restarts);
-      return std::nullopt;
+      // Another node ended the round: that node's host serves the others, not this one.
+      return end_or_restart(result.peer_exit_code, restart_count, "with the other nodes", false);
     case AttemptResult::End::kInterrupted:
       if (config_.under_slurm && result.interrupt_signal == SIGTERM) return cancelled_by_slurm();
       return exit_code_for_signal(result.interrupt_signal);
@@ -750,35 +417,9 @@ std::optional<int> Launch::conclude(const AttemptResult& result, int attempt, in
         return cancelled_by_slurm();
       break;
   }
-  std::map<int, int> pids;
-  for (const WorkerOutcome& worker : result.workers) pids[worker.rank] = worker.pid;
-  const WorkerOutcome& root = result.workers[result.first_failure];
-  HintJob job = hint_job(pids);
-  for (const WorkerOutcome& worker : result.workers) {
-    if (!worker.failed() && !worker.stopped_by_launcher) job.finished_at[worker.rank] = worker.exit_time;
-    // Still in its interpreter's teardown when mcprun stopped it, its script long done.
-    if (auto exiting = exiting_at_end_.find(worker.rank);
-        worker.stopped_by_launcher && exiting != exiting_at_end_.end())
-      job.exiting_at[worker.rank] = exiting->second;
-  }
-  job.failed_at = root.exit_time;
-  const std::string hint = failure_hint(root.rank, failure_text(root), job, hint_probes_).value_or("");
-  summary_.set_hint(hint);
-  summary_.set_early_finisher(early_finisher(root.rank, failure_text(root), job));
-  std::fputs(format_failure_report(result.workers, result.first_failure, host_, restart_count,
-                                   config_.max_restarts, collectives_at_end_, hint)
-                 .c_str(),
-             stderr);
-  say_stragglers_before_the_end();
-  name_nccl_logs(config_, result, run_dir_->attempt(attempt));
-  code_without_restart_ = exit_code_for(root);
-  if (restart_count >= config_.max_restarts || job_closed()) {
-    serve_remaining_nodes(kFailurePassOnTimeout);
-    return code_without_restart_;
-  }
-  spdlog::warn("restarting the worker group ({} of {} restarts)", restart_count + 1,
-               config_.max_restarts);
-  return std::nullopt;
+  report_worker_failure(node_facts(), result, run_dir_->attempt(attempt), restart_count, last_seen_,
+                        *watch_, summary_);
+  return end_or_restart(exit_code_for(result.workers[result.first_failure]), restart_count, "", true);
 }
 
 std::optional<int> Launch::conclude_stall(const AttemptResult& result, int attempt, int restart_count) {
@@ -786,62 +427,20 @@ std::optional<int> Launch::conclude_stall(const AttemptResult& result, int attem
   const size_t other_nodes = static_cast<size_t>(plan_->job.group_world_size - 1);
   run_until(io_, [&] { return reported_nodes_.size() >= other_nodes; }, kStallReportTimeout);
   run_dir_->keep();
-  const std::string report = format_stall_report(*result.stall, summary_.stall_ranks, plan_->job.world_size);
-  // The summary's hint: a rank the others waited for first, else any rank whose output matched.
-  const int furthest = furthest_level(summary_.stall_ranks);
-  const RankProgress* hinted = nullptr;
-  for (const RankProgress& rank : summary_.stall_ranks)
-    if (!rank.hint.empty() && (!hinted || (rank.level < furthest && hinted->level >= furthest)))
-      hinted = &rank;
-  if (hinted) summary_.set_hint(hinted->hint);
-  std::fputs(report.c_str(), stderr);
-  say_stragglers_before_the_end();
-  const auto report_file = run_dir_->attempt(attempt).attempt_dir / "stall_report.txt";
-  std::ofstream(report_file) << report;
-  spdlog::info("stall report saved to {}", report_file.string());
-  name_nccl_logs(config_, result, run_dir_->attempt(attempt));
-  code_without_restart_ = kExitStalled;
+  report_stall(node_facts(), result, run_dir_->attempt(attempt), *watch_, summary_);
+  return end_or_restart(kExitStalled, restart_count, "after the stall", true);
+}
+
+std::optional<int> Launch::end_or_restart(int code, int restart_count, std::string_view how,
+                                          bool serve_others) {
+  code_without_restart_ = code;
   if (restart_count >= config_.max_restarts || job_closed()) {
-    serve_remaining_nodes(kFailurePassOnTimeout);
+    if (serve_others) serve_remaining_nodes(kFailurePassOnTimeout);
     return code_without_restart_;
   }
-  spdlog::warn("restarting the worker group after the stall ({} of {} restarts)", restart_count + 1,
-               config_.max_restarts);
+  spdlog::warn("restarting the worker group {}{}({} of {} restarts)", how, how.empty() ? "" : " ",
+               restart_count + 1, config_.max_restarts);
   return std::nullopt;
-}
-
-void Launch::say_stragglers_before_the_end() const {
-  // A crawl before a failure or a stall is often its first sign: the report says it was seen.
-  for (const StragglerEpisode& straggler : watch_->stragglers())
-    spdlog::warn("before the end, rank {} was named a straggler ({} to {}): last at {:.0f}% of "
-                 "the {} on group {}, {:.0f} ms behind; {}",
-                 straggler.rank, utc_timestamp(straggler.first_seen), utc_timestamp(straggler.last_seen),
-                 100 * straggler.share, straggler.step_s > 0 ? "steps" : "collectives", straggler.group,
-                 1000 * straggler.median_lag_s, straggler.cause);
-  for (const SlowCollective& slow : watch_->slow_collectives())
-    spdlog::warn("before the end, {} of {} on group {} was named slow ({} to {}): {:.3g} GB/s, "
-                 "{:.3g} GB/s before",
-                 slow.op, slow.size, slow.group, utc_timestamp(slow.first_seen),
-                 utc_timestamp(slow.last_seen), slow.busbw_now / 1e9, slow.busbw_before / 1e9);
-}
-
-HintJob Launch::hint_job(const std::map<int, int>& pids) const {
-  HintJob job;
-  job.node_gpus = node_gpus_;
-  job.pinned = plan_->pinned;
-  job.no_pin = config_.no_pin;
-  if (auto visible = inherited_.find("CUDA_VISIBLE_DEVICES"); visible != inherited_.end())
-    job.inherited_visible_devices = visible->second;
-  for (const Environment* env : {&plan_->extra_env, &inherited_})  // The user's value wins.
-    if (auto set = env->find("NCCL_SOCKET_IFNAME"); set != env->end()) job.socket_interface = set->second;
-  job.master_port = plan_->job.master_port;
-  for (const RankSlot& slot : plan_->slots) {
-    HintRank& rank = job.ranks[slot.identity.rank];
-    rank.local_rank = plan_->job.virtual_local_rank ? 0 : slot.identity.local_rank;
-    rank.visible_gpus = slot.identity.visible_gpus;
-    if (auto pid = pids.find(slot.identity.rank); pid != pids.end()) rank.pid = pid->second;
-  }
-  return job;
 }
 
 int Launch::cancelled_by_slurm() {

@@ -14,11 +14,11 @@
 #include "common/exit_status.hpp"
 #include "common/topology.hpp"
 #include "launcher/config/launch_config.hpp"
+#include "launcher/attempt_report.hpp"
 #include "launcher/diagnose/failure_hints.hpp"
 #include "launcher/plan/port_reservation.hpp"
 #include "launcher/process/process_control.hpp"
 #include "launcher/plan/rank_plan.hpp"
-#include "launcher/preflight/preflight_check.hpp"
 #include "launcher/rendezvous/rendezvous_client.hpp"
 #include "launcher/report/collective_picture.hpp"
 #include "launcher/report/node_metrics.hpp"
@@ -59,30 +59,27 @@ class Launch {
   std::optional<int> join_round(int restart_count);
   /// --metrics-port: listens, or ends the launch with one line (in use, not an address).
   std::optional<int> serve_metrics();
-  NodeMetrics node_metrics() const;
   /// collectives.html in the run folder, where this node lines up the ranks' collectives.
   void draw_collectives(const std::string& title, const std::string& note, const std::set<int>& missing);
-  /// --preflight: the check runs as every rank of the job, through the same worker group, before
-  /// the first attempt; an exit code when a fault must stop the launch (docs/preflight.md).
+  /// --preflight before the first attempt (preflight_run.hpp); an exit code when a fault must
+  /// stop the launch, which the other nodes then hear of.
   std::optional<int> run_preflight();
-  /// One run of the check, with `transport`'s NCCL variables added, stopped at the budget's
-  /// bound: `report` as local rank 0 wrote it (or the bound's), or an exit code when the run
-  /// ended otherwise (a signal, another node's stop).
-  std::optional<int> preflight_pass(const std::string& python, const PreflightBudget& budget,
-                                    size_t number, const Environment& transport,
-                                    nlohmann::json& report);
   /// The master node serves the job store; every rank's env:// init is its client.
   bool serve_store_if_master();
   /// The job store on MASTER_PORT, observed by the watchdogs; false when the port cannot be had.
   bool open_store();
   StallHooks stall_hooks();
-  /// What the failure hints know of this node's part of the job; `pids` by global rank.
-  HintJob hint_job(const std::map<int, int>& pids) const;
-  /// One line per straggler the attempt named, after its failure or stall report.
-  void say_stragglers_before_the_end() const;
+  NodeFacts node_facts() const {
+    return {config_, *plan_, inherited_, node_gpus_, hint_probes_, host_};
+  }
   /// What an attempt's end means: the exit code, or nullopt to run the next attempt.
   std::optional<int> conclude(const AttemptResult& result, int attempt, int& restart_count);
   std::optional<int> conclude_stall(const AttemptResult& result, int attempt, int restart_count);
+  /// The one restart-or-end decision after a failed attempt: `code` when no restart is left or
+  /// the job cannot restart (then, with `serve_others`, the embedded rendezvous serves the other
+  /// nodes a little longer), else nullopt, said as "restarting the worker group <how>".
+  std::optional<int> end_or_restart(int code, int restart_count, std::string_view how,
+                                    bool serve_others);
   /// Whether the rendezvous said that this job cannot restart (another node finished), which
   /// then says why.
   bool job_closed();
@@ -121,10 +118,7 @@ class Launch {
   /// the job turns out unable to restart.
   int code_without_restart_ = kExitFailure;
   std::set<std::string> reported_nodes_;  ///< Nodes whose stall report arrived this attempt.
-  /// Where each rank was by the collective watchdog when the attempt ended, for its report.
-  std::map<int, std::string> collectives_at_end_;
-  /// When each rank's interpreter began to exit, as the attempt's last progress records said.
-  std::map<int, std::chrono::system_clock::time_point> exiting_at_end_;
+  AttemptLastSeen last_seen_;  ///< Where the ranks were as the last attempt ended, for its report.
   int attempt_ = 0;
   /// --metrics-port; declared last, so it is gone before the group and the watch it reads.
   std::optional<MetricsServer> metrics_;

@@ -19,6 +19,7 @@
 #include "common/exit_status.hpp"
 #include "common/expected.hpp"
 #include "common/logging.hpp"
+#include "common/prometheus_text.hpp"
 #include "common/version.hpp"
 #include "rendezvousd/daemon_config.hpp"
 #include "rendezvousd/metrics_http.hpp"

@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "common/logging.hpp"
+#include "common/prometheus_text.hpp"
 
 namespace mcprun {
 
@@ -20,53 +21,40 @@ namespace http = beast::http;
 using tcp = asio::ip::tcp;
 
 std::string render_metrics(const ServerStats& stats, const ServerLoad& load, uint64_t resident_bytes) {
-  std::string out;
-  auto family = [&](std::string_view name, std::string_view type, std::string_view help) {
-    fmt::format_to(std::back_inserter(out), "# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
-  };
-  auto sample = [&](std::string_view name, auto value) {
-    fmt::format_to(std::back_inserter(out), "{} {}\n", name, value);
-  };
-  family("mcprun_jobs", "gauge", "Jobs the daemon holds, by state; finished ones until finished_job_ttl_s.");
-  sample(R"(mcprun_jobs{state="joining"})", load.joining);
-  sample(R"(mcprun_jobs{state="running"})", load.running);
-  sample(R"(mcprun_jobs{state="finished"})", load.finished);
-  family("mcprun_nodes", "gauge", "Nodes of the jobs that have not finished.");
-  sample("mcprun_nodes", load.nodes);
-  family("mcprun_connections", "gauge", "Open agent and operator connections.");
-  sample("mcprun_connections", load.connections);
-  family("mcprun_rendezvous_rounds_total", "counter", "Rendezvous rounds that completed.");
-  sample("mcprun_rendezvous_rounds_total", stats.rounds);
+  PrometheusText out;
+  out.family("mcprun_jobs", "gauge", "Jobs the daemon holds, by state; finished ones until finished_job_ttl_s.");
+  out.sample("mcprun_jobs", label_set({{"state", "joining"}}), load.joining);
+  out.sample("mcprun_jobs", label_set({{"state", "running"}}), load.running);
+  out.sample("mcprun_jobs", label_set({{"state", "finished"}}), load.finished);
+  out.family("mcprun_nodes", "gauge", "Nodes of the jobs that have not finished.");
+  out.sample("mcprun_nodes", "", load.nodes);
+  out.family("mcprun_connections", "gauge", "Open agent and operator connections.");
+  out.sample("mcprun_connections", "", load.connections);
+  out.family("mcprun_rendezvous_rounds_total", "counter", "Rendezvous rounds that completed.");
+  out.sample("mcprun_rendezvous_rounds_total", "", stats.rounds);
   constexpr std::string_view kDuration = "mcprun_rendezvous_round_duration_seconds";
-  family(kDuration, "histogram", "Time from a round's first join to its completion.");
+  out.family(kDuration, "histogram", "Time from a round's first join to its completion.");
   for (size_t i = 0; i < ServerStats::kRoundBuckets.size(); ++i)
-    sample(fmt::format(R"({}_bucket{{le="{}"}})", kDuration, ServerStats::kRoundBuckets[i]),
-           stats.rounds_within[i]);
-  sample(fmt::format(R"({}_bucket{{le="+Inf"}})", kDuration), stats.rounds);
-  sample(fmt::format("{}_sum", kDuration), stats.round_seconds);
-  sample(fmt::format("{}_count", kDuration), stats.rounds);
-  family("mcprun_failures_total", "counter", "Rounds ended by a worker failure or a lost node.");
-  sample("mcprun_failures_total", stats.failures);
-  family("mcprun_stalls_total", "counter", "Rounds ended by a stall.");
-  sample("mcprun_stalls_total", stats.stalls);
-  family("mcprun_restarts_total", "counter", "Jobs re-forming after a failure, a stall or a lost node.");
-  sample("mcprun_restarts_total", stats.restarts);
-  family("mcprun_heartbeats_total", "counter", "Heartbeats received from agents.");
-  sample("mcprun_heartbeats_total", stats.heartbeats);
-  family("mcprun_gpu_leases", "gauge", "GPUs leased to jobs on this host.");
-  sample("mcprun_gpu_leases", load.leased_gpus);
-  family("mcprun_port_leases", "gauge", "Master ports leased to jobs on this host.");
-  sample("mcprun_port_leases", load.leased_ports);
-  family("process_resident_memory_bytes", "gauge", "Resident memory size in bytes.");
-  sample("process_resident_memory_bytes", resident_bytes);
-  return out;
-}
-
-uint64_t resident_memory_bytes() {
-  std::ifstream statm("/proc/self/statm");
-  uint64_t size_pages = 0, resident_pages = 0;
-  if (!(statm >> size_pages >> resident_pages)) return 0;
-  return resident_pages * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+    out.sample(fmt::format("{}_bucket", kDuration),
+               label_set({{"le", fmt::format("{}", ServerStats::kRoundBuckets[i])}}), stats.rounds_within[i]);
+  out.sample(fmt::format("{}_bucket", kDuration), label_set({{"le", "+Inf"}}), stats.rounds);
+  out.sample(fmt::format("{}_sum", kDuration), "", stats.round_seconds);
+  out.sample(fmt::format("{}_count", kDuration), "", stats.rounds);
+  out.family("mcprun_failures_total", "counter", "Rounds ended by a worker failure or a lost node.");
+  out.sample("mcprun_failures_total", "", stats.failures);
+  out.family("mcprun_stalls_total", "counter", "Rounds ended by a stall.");
+  out.sample("mcprun_stalls_total", "", stats.stalls);
+  out.family("mcprun_restarts_total", "counter", "Jobs re-forming after a failure, a stall or a lost node.");
+  out.sample("mcprun_restarts_total", "", stats.restarts);
+  out.family("mcprun_heartbeats_total", "counter", "Heartbeats received from agents.");
+  out.sample("mcprun_heartbeats_total", "", stats.heartbeats);
+  out.family("mcprun_gpu_leases", "gauge", "GPUs leased to jobs on this host.");
+  out.sample("mcprun_gpu_leases", "", load.leased_gpus);
+  out.family("mcprun_port_leases", "gauge", "Master ports leased to jobs on this host.");
+  out.sample("mcprun_port_leases", "", load.leased_ports);
+  out.family("process_resident_memory_bytes", "gauge", "Resident memory size in bytes.");
+  out.sample("process_resident_memory_bytes", "", resident_bytes);
+  return out.text();
 }
 
 /// One scraper's connection: requests read under a deadline and a size cap, answered in order.

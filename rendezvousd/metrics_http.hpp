@@ -26,9 +26,6 @@ inline constexpr size_t kMaxMetricsConnections = 32;
 /// `stats` and `load` in the text exposition format 0.0.4, with the process's resident memory.
 std::string render_metrics(const ServerStats& stats, const ServerLoad& load, uint64_t resident_bytes);
 
-/// This process's resident set size, from /proc/self/statm; 0 when unreadable.
-uint64_t resident_memory_bytes();
-
 /// Answers GET /metrics with what `render` returns, 404 for any other path, 405 for any other
 /// method, and 4xx then a close for a malformed or oversized request.
 class MetricsServer {

@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
 # Configures and builds mcprun with warnings as errors. BUILD_DIR (default build) and any extra
-# CMake arguments can be given: scripts/build.sh -DMCPRUN_SANITIZE=ON
+# CMake arguments can be given: scripts/build.sh -DMCPRUN_SANITIZE=ON. With --programs first, only
+# mcprun, rendezvousd and the workers' helper module: what a job needs, none of the tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir=${BUILD_DIR:-build}
+targets=()
+if [ "${1:-}" = --programs ]; then
+  targets=(--target mcprun rendezvousd mcprun_python)
+  shift
+fi
 # Through ccache where it is installed, so that the wheel's build (tests/e2e/test_wheel.py), whose
 # compile lines are these in another folder, reuses these objects: the folder stays out of the hash.
 launcher=()
@@ -13,4 +19,4 @@ if command -v ccache >/dev/null; then
 fi
 cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-RelWithDebInfo}" -DMCPRUN_WERROR=ON \
   "${launcher[@]}" "$@" >/dev/null
-cmake --build "$build_dir" -j "$(nproc)"
+cmake --build "$build_dir" -j "$(nproc)" "${targets[@]}"

@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # Installs mcprun's build and test dependencies: Debian's packages, and a git-ignored virtual
 # environment (.venv) with torch 2.13 from PyPI beside Debian's torch 1.13, so that every end-to-end
-# test runs on both. Safe to run twice: it only installs what is missing.
+# test runs on both. With --job, only what building mcprun and running the README's job need.
+# Safe to run twice: it only installs what is missing.
 set -euo pipefail
 
-packages=(
+job_packages=(
   build-essential cmake
-  libboost1.81-dev libyaml-cpp-dev libspdlog-dev libcli11-dev nlohmann-json3-dev libgtest-dev
+  libboost1.81-dev libyaml-cpp-dev libspdlog-dev libcli11-dev nlohmann-json3-dev
+  libgtest-dev           # CMake configures the tests' targets even where only the programs are built
   python3 python3-torch  # Debian's torch 1.13: the example, the end-to-end tests, torchrun to compare
+)
+test_packages=(
   python3-venv           # .venv: torch 2.13, its torchrun, and py-spy for stack dumps
   iproute2 procps
   tmux                   # tests/e2e/test_terminal.py: what a person sees at a real terminal
@@ -17,6 +21,11 @@ packages=(
   ccache                 # the wheel's build reuses the gcc build's objects (tests/e2e/test_wheel.py)
   chromium               # tests/e2e/test_stragglers.py: the picture of the last collectives, opened as a person would
 )
+case "${1:-}" in
+  --job) packages=("${job_packages[@]}") ;;
+  "") packages=("${job_packages[@]}" "${test_packages[@]}") ;;
+  *) echo "usage: scripts/install-deps.sh [--job]" >&2; exit 2 ;;
+esac
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" ||
@@ -31,6 +40,7 @@ else
   "${sudo[@]}" apt-get update -qq
   DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
+[ "${1:-}" = --job ] && exit 0
 
 # Debian's own Python 3.11, so the venv works on any Debian 12 box.
 venv="$(cd "$(dirname "$0")/.." && pwd)/.venv"

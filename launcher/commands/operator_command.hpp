@@ -8,9 +8,6 @@
 
 namespace mcprun {
 
-/// Where the systemd unit's rendezvousd listens for local users.
-inline constexpr const char* kDefaultDaemonEndpoint = "unix:/run/mcprun/rendezvousd.sock";
-
 /// Runs one operator subcommand; `args` starts with its name. Returns the exit code.
 int run_operator_command(const std::vector<std::string>& args);
 

@@ -5,14 +5,14 @@
 #include <arpa/inet.h>
 
 #include <algorithm>
-#include <array>
 #include <charconv>
-#include <cstdio>
 #include <fstream>
 #include <memory>
 #include <sstream>
 
 #include "common/endpoint.hpp"
+#include "common/sys.hpp"
+#include "launcher/process/deadline.hpp"
 
 namespace mcprun {
 namespace {
@@ -232,15 +232,18 @@ Expected<std::optional<SlurmStep>> detect_slurm_step(const Environment& env) {
 std::optional<std::string> resolve_slurm_host(const std::string& host) {
   if (auto address = getaddrinfo_address(host)) return address;
   if (!plain_host_name(host)) return std::nullopt;
-  // A node name DNS does not know: Slurm's own NodeAddr for it. The name was checked above,
-  // so the shell sees only [A-Za-z0-9._-].
-  const std::string command = "timeout " + std::to_string(kScontrolTimeout.count()) +
-                              " scontrol -o show node " + host + " 2>/dev/null";
-  std::unique_ptr<FILE, int (*)(FILE*)> pipe(::popen(command.c_str(), "r"), ::pclose);
-  if (!pipe) return std::nullopt;
-  std::string output;
-  std::array<char, 4096> buffer{};
-  while (size_t n = std::fread(buffer.data(), 1, buffer.size(), pipe.get())) output.append(buffer.data(), n);
+  // A node name DNS does not know: Slurm's own NodeAddr for it, through the one bounded way
+  // mcprun runs a child (no shell), so a wedged slurmctld costs kScontrolTimeout at most.
+  const Environment env = current_environment();
+  const auto scontrol = find_executable("scontrol", search_path_of(env));
+  if (!scontrol) return std::nullopt;
+  std::vector<std::string> env_lines;
+  for (const auto& [key, value] : env) env_lines.push_back(key + "=" + value);
+  PosixProcessControl control;
+  auto run = run_with_deadline(control, {*scontrol, "-o", "show", "node", host}, std::move(env_lines),
+                               kScontrolTimeout, kKilledExitTimeout);
+  if (!run || run->timed_out) return std::nullopt;
+  const std::string& output = run->output;
   const auto at = output.find("NodeAddr=");
   if (at == std::string::npos) return std::nullopt;
   const auto begin = at + 9;

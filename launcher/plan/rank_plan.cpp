@@ -248,12 +248,44 @@ void place_in_job(RankPlan& plan, const JobPlacement& placement) {
     slot.identity.rank = placement.rank_offset + slot.identity.local_rank;
 }
 
+std::filesystem::path timer_file_in(const std::filesystem::path& runtime_dir) {
+  return runtime_dir / "timer.fifo";
+}
+
+std::filesystem::path agent_socket_in(const std::filesystem::path& runtime_dir) {
+  return runtime_dir / "agent.sock";
+}
+
+std::optional<std::filesystem::path> python_helper_dir() {
+  const auto exe = self_executable();
+  if (exe.empty()) return std::nullopt;
+  std::error_code ec;
+  auto dir = exe.parent_path().parent_path() / "share" / "mcprun" / "python";
+  if (!std::filesystem::exists(dir / "mcprun" / "__init__.py", ec)) return std::nullopt;
+  return dir;
+}
+
+void add_supervision_env(RankPlan& plan, const std::filesystem::path& runtime_dir,
+                         bool collective_watch, const Environment& inherited) {
+  plan.extra_env["TORCHELASTIC_TIMER_FILE"] = timer_file_in(runtime_dir).string();
+  plan.extra_env["MCPRUN_AGENT_SOCKET"] = agent_socket_in(runtime_dir).string();
+  if (collective_watch) plan.extra_env["MCPRUN_COLLECTIVE_WATCH"] = "1";
+  if (auto helper = python_helper_dir()) {
+    auto inherited_path = inherited.find("PYTHONPATH");
+    plan.extra_env["PYTHONPATH"] =
+        helper->string() + (inherited_path == inherited.end() ? "" : ":" + inherited_path->second);
+  }
+}
+
 Environment worker_spawn_delta(const RankPlan& plan, const RankSlot& slot, int restart_count,
-                               const std::filesystem::path& rank_dir,
-                               const Environment& inherited) {
+                               const std::filesystem::path& rank_dir, const Environment& inherited,
+                               const StandIn* stand_in) {
   Environment delta = worker_env_delta(plan.job, slot.identity, restart_count,
                                        worker_error_file(rank_dir).string(), inherited);
-  delta.insert(plan.extra_env.begin(), plan.extra_env.end());
+  Environment job_wide = plan.extra_env;
+  if (stand_in)
+    for (const auto& [name, value] : stand_in->env) job_wide[name] = value;
+  delta.insert(job_wide.begin(), job_wide.end());
   if (plan.nccl_log_files && !inherited.contains("NCCL_DEBUG_FILE"))
     delta["NCCL_DEBUG_FILE"] = nccl_log_pattern(rank_dir);
   if (plan.extra_env.contains("MCPRUN_COLLECTIVE_WATCH") && !inherited.contains("TORCH_FR_DUMP_TEMP_FILE"))

@@ -78,12 +78,35 @@ inline std::filesystem::path worker_error_file(const std::filesystem::path& rank
 /// What --dry-run names the run's folder, which a dry run never creates.
 inline constexpr const char* kDryRunDir = "<run dir>";
 
+/// What the ranks of one attempt run instead of the script (the preflight's check): its command
+/// line, and variables over the plan's.
+struct StandIn {
+  std::vector<std::string> argv;
+  Environment env;
+};
+
 /// The one builder of what a worker is started with beyond the inherited environment: its
 /// torchrun variables (worker_env_delta), the plan's job-wide variables and --nccl-debug's log
 /// file. `rank_dir` is <run dir>/attempt_<n>/<local rank>. Spawning and --dry-run both use it.
+/// A stand-in's variables win over the plan's.
 Environment worker_spawn_delta(const RankPlan& plan, const RankSlot& slot, int restart_count,
-                               const std::filesystem::path& rank_dir,
-                               const Environment& inherited);
+                               const std::filesystem::path& rank_dir, const Environment& inherited,
+                               const StandIn* stand_in = nullptr);
+
+/// torch's FileTimer pipe and the helper module's socket, under the run's runtime folder: where
+/// the watchdogs listen and what every worker is told.
+std::filesystem::path timer_file_in(const std::filesystem::path& runtime_dir);
+std::filesystem::path agent_socket_in(const std::filesystem::path& runtime_dir);
+
+/// The helper module (import mcprun) next to mcprun: <prefix>/share/mcprun/python, which the
+/// build tree mirrors; nullopt when it is missing.
+std::optional<std::filesystem::path> python_helper_dir();
+
+/// What supervision adds to the plan's job-wide variables: the watchdogs' files under
+/// `runtime_dir`, the collective watch's switch, and the helper module first on PYTHONPATH. A run
+/// and --dry-run both add them here.
+void add_supervision_env(RankPlan& plan, const std::filesystem::path& runtime_dir,
+                         bool collective_watch, const Environment& inherited);
 
 /// The --dry-run text: per rank its GPU, CPU set, environment delta and command line, the
 /// environment as worker_spawn_delta builds it for the first attempt.

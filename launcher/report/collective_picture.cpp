@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <iterator>
 #include <limits>
 #include <map>
@@ -11,6 +12,8 @@
 #include <string>
 #include <tuple>
 #include <vector>
+
+#include "common/logging.hpp"
 
 namespace mcprun {
 namespace {
@@ -283,6 +286,20 @@ std::string render_collective_picture(const std::deque<SeenCollective>& recent,
         kLabelWidth + kPlotWidth * tick / static_cast<double>(kTicks), axis_y + 16, span_s * tick / kTicks);
   put(out, "</svg>\n</body></html>\n");
   return out;
+}
+
+bool draw_collective_picture(const StragglerWatch* stragglers, const std::filesystem::path& path,
+                             PictureMarks marks) {
+  if (!stragglers || stragglers->recent().empty()) return false;
+  if (const StragglerEpisode* current = stragglers->current()) marks.straggler = current->rank;
+  std::ofstream out(path);
+  out << render_collective_picture(stragglers->recent(), stragglers->arrivals(), marks);
+  if (!out.flush()) {
+    spdlog::warn("cannot write the picture of the last collectives to {}", path.string());
+    return false;
+  }
+  spdlog::info("the last collectives, drawn: {}", path.string());
+  return true;
 }
 
 }  // namespace mcprun

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <deque>
+#include <filesystem>
 #include <optional>
 #include <set>
 #include <string>
@@ -23,5 +24,10 @@ struct PictureMarks {
 std::string render_collective_picture(const std::deque<SeenCollective>& recent,
                                       const std::map<int, RankArrivals>& ranks,
                                       const PictureMarks& marks);
+
+/// Writes the picture of what `stragglers` saw to `path` and names it in one line; false when
+/// there is nothing to draw (not the store's node, or torch 1.x) or the file cannot be written.
+bool draw_collective_picture(const StragglerWatch* stragglers, const std::filesystem::path& path,
+                             PictureMarks marks);
 
 }  // namespace mcprun

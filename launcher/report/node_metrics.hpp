@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "launcher/stall/straggler_watch.hpp"
+#include "launcher/supervise/worker_group.hpp"
 
 namespace mcprun {
 
@@ -25,6 +26,11 @@ struct NodeMetrics {
   size_t slow_collectives_named = 0;       ///< Named in this attempt.
   uint64_t resident_bytes = 0;
 };
+
+/// This node's figures now: its workers, its restarts so far, and what its straggler watch (on
+/// the store's node; else null) has seen.
+NodeMetrics node_metrics_now(const std::vector<WorkerStatus>& workers, int restarts,
+                             const StragglerWatch* stragglers);
 
 /// `metrics` in the text exposition format 0.0.4, names beside rendezvousd's (mcprun_*).
 std::string render_node_metrics(const NodeMetrics& metrics);

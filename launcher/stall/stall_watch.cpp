@@ -34,14 +34,6 @@ double seconds_since(Clock::time_point then) {
 
 std::string format_seconds(double value) { return fmt::format("{:g} s", value); }
 
-/// torch's FileTimer pipe and the helper module's socket, under the run's runtime folder.
-std::filesystem::path timer_file_in(const std::filesystem::path& runtime_dir) {
-  return runtime_dir / "timer.fifo";
-}
-std::filesystem::path agent_socket_in(const std::filesystem::path& runtime_dir) {
-  return runtime_dir / "agent.sock";
-}
-
 }  // namespace
 
 StallWatch::StallWatch(boost::asio::io_context& io, StallSettings settings, std::string host,
@@ -62,14 +54,6 @@ StallWatch::StallWatch(boost::asio::io_context& io, StallSettings settings, std:
       links_(io, node.empty() ? host_ : std::move(node)) {}
 
 StallWatch::~StallWatch() { end_attempt(); }
-
-Environment StallWatch::worker_env(const std::filesystem::path& runtime_dir,
-                                   const StallSettings& settings) {
-  Environment env{{"TORCHELASTIC_TIMER_FILE", timer_file_in(runtime_dir).string()},
-                  {"MCPRUN_AGENT_SOCKET", agent_socket_in(runtime_dir).string()}};
-  if (settings.collective_timeout > 0) env["MCPRUN_COLLECTIVE_WATCH"] = "1";
-  return env;
-}
 
 TcpStoreServer::Listener StallWatch::store_observer() {
   return [this](const StoreEvent& event) { on_store_event(event); };

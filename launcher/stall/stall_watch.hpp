@@ -25,7 +25,7 @@
 #include "launcher/stall/link_check.hpp"
 #include "launcher/stall/straggler_watch.hpp"
 #include "launcher/store/tcp_store.hpp"
-#include "launcher/plan/worker_env.hpp"
+#include "launcher/plan/rank_plan.hpp"
 
 namespace mcprun {
 
@@ -60,11 +60,6 @@ class StallWatch {
              const std::filesystem::path& runtime_dir, std::string node = {});
   ~StallWatch();
 
-  /// TORCHELASTIC_TIMER_FILE and MCPRUN_AGENT_SOCKET, for every worker of a StallWatch built on
-  /// `runtime_dir` (--dry-run names them without building one), and MCPRUN_COLLECTIVE_WATCH,
-  /// which starts each worker's progress reporter, when the collective watchdog is on.
-  static Environment worker_env(const std::filesystem::path& runtime_dir,
-                                const StallSettings& settings);
   /// What the job store this node serves reports to the init barrier watchdog: the launch that
   /// owns the store passes it to TcpStoreServer, which calls it for every event.
   TcpStoreServer::Listener store_observer();

@@ -219,11 +219,12 @@ void WorkerGroup::await_flight_recorder_dumps() {
   }, kFlightRecorderDumpTimeout);
 }
 
-AttemptResult WorkerGroup::run_attempt(int restart_count, const AttemptFiles& files) {
+AttemptResult WorkerGroup::run_attempt(int restart_count, const AttemptFiles& files,
+                                       const StandIn* stand_in) {
   reset_attempt();
   AttemptResult result;
   prepare_workers(files);
-  spawn_workers(restart_count, result);
+  spawn_workers(restart_count, result, stand_in);
   if (result.end != AttemptResult::End::kSpawnFailed) supervise();
   stop_attempt();
   collect_outcomes(result);
@@ -267,12 +268,12 @@ void WorkerGroup::prepare_workers(const AttemptFiles& files) {
   }
 }
 
-void WorkerGroup::spawn_workers(int restart_count, AttemptResult& result) {
+void WorkerGroup::spawn_workers(int restart_count, AttemptResult& result, const StandIn* stand_in) {
   for (Worker& worker : workers_) {
     if (interrupt_signal_ != 0) break;
     const Environment delta =
-        worker_spawn_delta(plan_, *worker.slot, restart_count, worker.dir, inherited_);
-    SpawnRequest request{plan_.argv, merge_environment(inherited_, delta),
+        worker_spawn_delta(plan_, *worker.slot, restart_count, worker.dir, inherited_, stand_in);
+    SpawnRequest request{stand_in ? stand_in->argv : plan_.argv, merge_environment(inherited_, delta),
                          worker.slot->cpus, worker.output->child_stdout(),
                          worker.output->child_stderr()};
     auto pid = control_.spawn(request);

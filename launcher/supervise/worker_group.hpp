@@ -59,8 +59,10 @@ class WorkerGroup {
   WorkerGroup(const WorkerGroup&) = delete;
   WorkerGroup& operator=(const WorkerGroup&) = delete;
 
-  /// Starts every worker of attempt `restart_count` and supervises them until all are gone.
-  AttemptResult run_attempt(int restart_count, const AttemptFiles& files);
+  /// Starts every worker of attempt `restart_count` and supervises them until all are gone; with
+  /// a stand-in, the ranks run it instead of the script.
+  AttemptResult run_attempt(int restart_count, const AttemptFiles& files,
+                            const StandIn* stand_in = nullptr);
   /// Another node failed or vanished: stop this node's group too (callable from the event loop).
   void request_stop(std::string reason, int exit_code);
   /// The job stalled (here or on another node): diagnose, dump stacks, then stop the group.
@@ -93,7 +95,7 @@ class WorkerGroup {
   /// A Worker per slot of the plan: its folder, its output relay, its outcome's identity.
   void prepare_workers(const AttemptFiles& files);
   /// Starts every worker, unless interrupted first; a failed spawn ends the attempt.
-  void spawn_workers(int restart_count, AttemptResult& result);
+  void spawn_workers(int restart_count, AttemptResult& result, const StandIn* stand_in);
   /// Runs the loop until every worker ended, one failed, or a signal, peer stop or stall came.
   void supervise();
   /// A stall's diagnosis and dumps, then the whole group stopped and reaped.
