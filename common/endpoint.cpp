@@ -1,5 +1,7 @@
 #include "common/endpoint.hpp"
 
+#include <boost/asio/ip/address.hpp>
+
 #include <charconv>
 
 namespace mcprun {
@@ -80,6 +82,15 @@ Expected<Endpoint> parse_endpoint(std::string_view text, EndpointRules rules) {
   if (!number) return bad_port(text, rules.allow_port_zero);
   endpoint.port = *number;
   return endpoint;
+}
+
+Expected<boost::asio::ip::tcp::endpoint> parse_listen_address(const std::string& text) {
+  auto endpoint = parse_endpoint(text, kListenRules);
+  if (!endpoint) return endpoint.error();
+  boost::system::error_code ec;
+  const auto address = boost::asio::ip::make_address(endpoint->host, ec);
+  if (ec) return Error{"'" + text + "': expected IP:PORT (an address, not a host name)"};
+  return boost::asio::ip::tcp::endpoint(address, static_cast<unsigned short>(endpoint->port));
 }
 
 }  // namespace mcprun

@@ -2,6 +2,8 @@
 // behind every flag, file key and variable that names an endpoint.
 #pragma once
 
+#include <boost/asio/ip/tcp.hpp>
+
 #include <optional>
 #include <string>
 #include <string_view>
@@ -45,5 +47,9 @@ Expected<Endpoint> parse_endpoint(std::string_view text, EndpointRules rules = {
 
 /// A port number from 1 to 65535 (from 0 with `allow_zero`); the error quotes `text`.
 Expected<int> parse_port(std::string_view text, bool allow_zero = false);
+
+/// "IP:PORT" or "[IPV6]:PORT" (port 0: any) to listen on; an error quoting `text` when it is
+/// not one (a host name is not: a listener binds an address).
+Expected<boost::asio::ip::tcp::endpoint> parse_listen_address(const std::string& text);
 
 }  // namespace mcprun

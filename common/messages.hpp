@@ -93,7 +93,7 @@ struct FailedNotice {
 };
 
 /// "stall" or "stall_report", which the daemon relays without reading more than it logs: the
-/// receiving agents parse the body (launcher/stall/stall_report.hpp) and cope with a bad one.
+/// receiving agents parse the body (launcher/watch/stall_report.hpp) and cope with a bad one.
 struct RelayedNotice {
   nlohmann::json body;  ///< The message as sent, an object whose checked fields have their types.
   std::string what;     ///< "stall": what stalled, for the daemon's log.
@@ -134,7 +134,7 @@ struct LeaseGrant {
   int port = 0;
 };
 
-// ---- worker -> agent (launcher/stall/agent_channel.hpp) ----
+// ---- worker -> agent (launcher/watch/agent_channel.hpp) ----
 
 /// "hello": sent once per helper connection.
 struct HelloMessage {

@@ -33,7 +33,7 @@
 //                             collective{group, op, seq, backend, pending_s, in, missing,
 //                             group_ranks: "0-4095,4097-16383", states[{ranks, state}],
 //                             <list>_left_out, states_left_out}]: the job stalled
-//                             (launcher/stall/stall_report.hpp); every agent diagnoses, dumps
+//                             (launcher/watch/stall_report.hpp); every agent diagnoses, dumps
 //                             stacks and stops its group. A collective's lists are ranges and
 //                             its states grouped, within 60 KiB at any job size (what does not
 //                             fit is counted, not sent)

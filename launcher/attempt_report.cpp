@@ -4,7 +4,7 @@
 #include <fstream>
 
 #include "common/logging.hpp"
-#include "launcher/stall/stall_report.hpp"
+#include "launcher/watch/stall_report.hpp"
 #include "launcher/supervise/failure_report.hpp"
 
 namespace mcprun {

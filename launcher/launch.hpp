@@ -23,10 +23,10 @@
 #include "launcher/report/collective_picture.hpp"
 #include "launcher/report/node_metrics.hpp"
 #include "launcher/report/run_summary.hpp"
-#include "launcher/stall/stall_watch.hpp"
+#include "launcher/watch/stall_watch.hpp"
 #include "launcher/supervise/worker_group.hpp"
-#include "rendezvousd/metrics_http.hpp"
-#include "rendezvousd/rendezvous_server.hpp"
+#include "common/metrics_http.hpp"
+#include "rendezvous/rendezvous_server.hpp"
 
 namespace mcprun {
 
@@ -68,6 +68,12 @@ class Launch {
   bool serve_store_if_master();
   /// The job store on MASTER_PORT, observed by the watchdogs; false when the port cannot be had.
   bool open_store();
+  // launch_messages.cpp: what this node tells the others and hears from them.
+  /// Every other node hears of this node's first failure and of a stall's local diagnosis.
+  void tell_other_nodes_of_failures_and_stalls();
+  /// What another node's failure, stall, stall report, straggler line or barrier does here.
+  PeerEvents peer_events();
+  /// What the watchdogs do when they judge: stop the group, tell the other nodes, draw.
   StallHooks stall_hooks();
   NodeFacts node_facts() const {
     return {config_, *plan_, inherited_, node_gpus_, hint_probes_, host_};

@@ -12,7 +12,7 @@
 #include "launcher/plan/rank_plan.hpp"
 #include "launcher/report/run_summary.hpp"
 #include "launcher/run_directory.hpp"
-#include "launcher/stall/stall_watch.hpp"
+#include "launcher/watch/stall_watch.hpp"
 #include "launcher/store/tcp_store.hpp"
 #include "launcher/supervise/worker_group.hpp"
 

@@ -110,15 +110,6 @@ Expected<void> load_daemon_config(const std::string& path, DaemonConfig& config)
   return {};
 }
 
-Expected<boost::asio::ip::tcp::endpoint> parse_listen_address(const std::string& text) {
-  auto endpoint = parse_endpoint(text, kListenRules);
-  if (!endpoint) return endpoint.error();
-  boost::system::error_code ec;
-  const auto address = boost::asio::ip::make_address(endpoint->host, ec);
-  if (ec) return Error{"'" + text + "': expected IP:PORT (an address, not a host name)"};
-  return boost::asio::ip::tcp::endpoint(address, static_cast<unsigned short>(endpoint->port));
-}
-
 Expected<void> load_token(DaemonConfig& config) {
   if (config.token_file.empty()) return {};
   std::ifstream in(config.token_file);

@@ -9,7 +9,8 @@
 #include <string>
 
 #include "common/expected.hpp"
-#include "rendezvousd/rendezvous_server.hpp"
+#include "common/endpoint.hpp"
+#include "rendezvous/rendezvous_server.hpp"
 
 namespace mcprun {
 
@@ -28,10 +29,6 @@ struct DaemonConfig {
 
 /// Reads `path` into `config`; an error line naming the key, its line and what was expected.
 Expected<void> load_daemon_config(const std::string& path, DaemonConfig& config);
-
-/// "IP:PORT" or "[IPV6]:PORT" (port 0: any) to listen on; an error quoting `text` when it is
-/// not one (a host name is not: a listener binds an address).
-Expected<boost::asio::ip::tcp::endpoint> parse_listen_address(const std::string& text);
 
 /// Reads the token file into config.server.token; an error line when unreadable or empty.
 Expected<void> load_token(DaemonConfig& config);

@@ -22,8 +22,9 @@
 #include "common/prometheus_text.hpp"
 #include "common/version.hpp"
 #include "rendezvousd/daemon_config.hpp"
-#include "rendezvousd/metrics_http.hpp"
-#include "rendezvousd/rendezvous_server.hpp"
+#include "rendezvousd/daemon_metrics.hpp"
+#include "common/metrics_http.hpp"
+#include "rendezvous/rendezvous_server.hpp"
 #include "rendezvousd/systemd_notify.hpp"
 
 namespace {

@@ -139,7 +139,7 @@ async def init_pattern(ranks):
 
 
 def progress_record(rank, number, pending=None, frames=("train.py:41 in main",), completed=None):
-    """A record as the progress reporter (python/mcprun/_progress.py) writes it; by default a
+    """A record as the progress reporter (worker_helper/mcprun/_progress.py) writes it; by default a
     healthy loop's, one collective completed per record."""
     return json.dumps({"v": 1, "rank": rank, "pid": 100000 + rank, "n": number,
                        "source": "flight_recorder",

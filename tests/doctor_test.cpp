@@ -14,7 +14,7 @@
 
 #include "common/unique_fd.hpp"
 #include "common/version.hpp"
-#include "rendezvousd/rendezvous_server.hpp"
+#include "rendezvous/rendezvous_server.hpp"
 #include "tests/fake_sysfs.hpp"
 
 namespace mcprun {

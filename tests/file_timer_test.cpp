@@ -1,4 +1,4 @@
-#include "launcher/stall/file_timer.hpp"
+#include "launcher/watch/file_timer.hpp"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>

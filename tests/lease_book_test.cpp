@@ -1,6 +1,6 @@
 #include <gtest/gtest.h>
 
-#include "rendezvousd/lease_book.hpp"
+#include "rendezvous/lease_book.hpp"
 
 namespace mcprun {
 namespace {

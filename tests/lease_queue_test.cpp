@@ -1,6 +1,6 @@
 // The GPU lease queue: who gets GPUs in which order, what a waiting job is told, and what happens
 // to the requests of agents that went away.
-#include "rendezvousd/lease_queue.hpp"
+#include "rendezvous/lease_queue.hpp"
 
 #include <gtest/gtest.h>
 

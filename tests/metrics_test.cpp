@@ -1,4 +1,5 @@
-#include "rendezvousd/metrics_http.hpp"
+#include "common/metrics_http.hpp"
+#include "rendezvousd/daemon_metrics.hpp"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "rendezvousd/rendezvous_round.hpp"
+#include "rendezvous/rendezvous_round.hpp"
 
 #include <gtest/gtest.h>
 

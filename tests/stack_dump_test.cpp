@@ -1,4 +1,4 @@
-#include "launcher/stall/stack_dump.hpp"
+#include "launcher/watch/stack_dump.hpp"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>

@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "common/protocol.hpp"
-#include "launcher/stall/stall_report.hpp"
+#include "launcher/watch/stall_report.hpp"
 
 namespace mcprun {
 namespace {

@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <optional>
 
-#include "launcher/stall/stall_watch.hpp"
+#include "launcher/watch/stall_watch.hpp"
 #include "launcher/store/tcp_store.hpp"
 
 namespace mcprun {

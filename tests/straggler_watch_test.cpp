@@ -1,5 +1,5 @@
-#include "launcher/stall/straggler_watch.hpp"
-#include "launcher/stall/link_check.hpp"
+#include "launcher/watch/straggler_watch.hpp"
+#include "launcher/watch/link_check.hpp"
 
 #include <gtest/gtest.h>
 

@@ -64,7 +64,7 @@ struct Rank {
   bool busy = false;  ///< Still owes the current phase its end.
 };
 
-/// A progress record as python/mcprun/_progress.py writes it for a healthy loop.
+/// A progress record as worker_helper/mcprun/_progress.py writes it for a healthy loop.
 std::string progress_record(size_t rank, uint64_t number) {
   std::ostringstream out;
   out << R"({"v":1,"rank":)" << rank << R"(,"pid":)" << 100000 + rank << R"(,"n":)" << number

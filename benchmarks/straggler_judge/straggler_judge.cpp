@@ -15,7 +15,7 @@
 #include <map>
 #include <string>
 
-#include "launcher/stall/straggler_watch.hpp"
+#include "launcher/watch/straggler_watch.hpp"
 
 namespace {
 

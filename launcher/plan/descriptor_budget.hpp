@@ -30,7 +30,7 @@ inline constexpr long kHelperDescriptors = 1;
 /// gloo job's store: torch 2.13 1, torch 1.13 2.
 long torch_store_connections(const std::optional<TorchVersion>& torch);
 /// Per rank of the job on that node, while the collective watchdog is on: the progress
-/// reporter's own store connection (python/mcprun/_progress.py), beside torch's.
+/// reporter's own store connection (worker_helper/mcprun/_progress.py), beside torch's.
 inline constexpr long kProgressReporterDescriptors = 1;
 /// The store connections one rank of the job opens: torch's and the progress reporter's.
 long store_connections_per_rank(const LaunchConfig& config, const RankPlan& plan);

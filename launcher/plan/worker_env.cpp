@@ -2,7 +2,6 @@
 
 #include <unistd.h>
 
-#include "launcher/store/torch_keys.hpp"
 
 extern char** environ;
 
@@ -51,7 +50,7 @@ Environment worker_env_delta(const JobIdentity& job, const WorkerIdentity& worke
       {"TORCHELASTIC_SIGNALS_TO_HANDLE", job.signals_to_handle},
       // mcprun hosts the job store at MASTER_ADDR:MASTER_PORT, so it sees the init barrier.
       {"TORCHELASTIC_USE_AGENT_STORE", "True"},
-      {std::string(torch_keys::kInitBarrierSwitch), inherited_or(torch_keys::kInitBarrierSwitch.data(), "1")},
+      {kInitBarrierVariable, inherited_or(kInitBarrierVariable, "1")},
       // A stalled worker then prints every thread's Python traceback on SIGABRT; "" opts out.
       {"PYTHONFAULTHANDLER", inherited_or("PYTHONFAULTHANDLER", "1")},
       {"TORCHELASTIC_ERROR_FILE", error_file},

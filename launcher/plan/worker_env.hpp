@@ -11,6 +11,10 @@
 
 namespace mcprun {
 
+/// torch 2.x runs its init barrier only when this variable is "1"; mcprun sets it unless the
+/// user did.
+inline constexpr const char* kInitBarrierVariable = "TORCH_DIST_INIT_BARRIER";
+
 /// The variables mcprun sets for every worker (an inherited value is replaced): RANK, ...,
 /// MASTER_PORT and every TORCHELASTIC_*.
 bool owned_by_launcher(const std::string& name);

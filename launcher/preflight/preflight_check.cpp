@@ -15,7 +15,7 @@ constexpr double kStartS = 30;
 /// A round of pair exchanges takes a quarter of a step's deadline, and never under this: a
 /// two-rank process group on a loaded box connects in well under a second.
 constexpr double kMinRoundS = 2;
-/// The check's own grace between steps (python/mcprun/_preflight.py's LIVENESS_GRACE_S).
+/// The check's own grace between steps (worker_helper/mcprun/_preflight.py's LIVENESS_GRACE_S).
 constexpr double kGraceS = 2;
 
 nlohmann::json failed_report(const std::string& verdict) {

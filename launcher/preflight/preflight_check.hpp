@@ -1,6 +1,6 @@
 #pragma once
 // The preflight's side in the launcher: its budget, the environment its ranks get, the node's
-// facts they report, and the report they leave (python/mcprun/_preflight.py runs the check).
+// facts they report, and the report they leave (worker_helper/mcprun/_preflight.py runs the check).
 
 #include <chrono>
 #include <cstdint>

@@ -13,7 +13,7 @@
 #include "launcher/config/launch_config.hpp"
 #include "launcher/plan/rank_plan.hpp"
 #include "launcher/rendezvous/rendezvous_client.hpp"
-#include "rendezvousd/rendezvous_server.hpp"
+#include "rendezvous/rendezvous_server.hpp"
 
 namespace mcprun {
 

@@ -17,7 +17,7 @@
 #include "common/expected.hpp"
 #include "common/framed_session.hpp"
 #include "launcher/plan/rank_plan.hpp"
-#include "rendezvousd/rendezvous_round.hpp"
+#include "rendezvous/rendezvous_round.hpp"
 
 namespace mcprun {
 

@@ -9,7 +9,7 @@
 #include <set>
 #include <string>
 
-#include "launcher/stall/straggler_watch.hpp"
+#include "launcher/watch/straggler_watch.hpp"
 
 namespace mcprun {
 

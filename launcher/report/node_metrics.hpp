@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "launcher/stall/straggler_watch.hpp"
+#include "launcher/watch/straggler_watch.hpp"
 #include "launcher/supervise/worker_group.hpp"
 
 namespace mcprun {

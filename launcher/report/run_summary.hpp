@@ -15,7 +15,7 @@
 #include "launcher/diagnose/failure_hints.hpp"
 #include "launcher/supervise/failure_report.hpp"
 #include "launcher/config/launch_config.hpp"
-#include "launcher/stall/stall_report.hpp"
+#include "launcher/watch/stall_report.hpp"
 #include "launcher/supervise/worker_group.hpp"
 
 namespace mcprun {

@@ -23,8 +23,6 @@ inline constexpr std::string_view kAttemptPrefix = "/worker/attempt_";
 /// The default process group's PrefixStore; every key of its init lives under it.
 inline constexpr std::string_view kDefaultGroup = "/default_pg/";
 inline constexpr std::string_view kInitBarrier = "store_based_barrier_key:";
-/// torch 2.x runs the init barrier only when this is "1"; mcprun sets it unless the user did.
-inline constexpr std::string_view kInitBarrierSwitch = "TORCH_DIST_INIT_BARRIER";
 
 /// What follows the default process group's prefix in `key`; empty when the key is not the
 /// default group's. Both dialects and any attempt number: each attempt has a store of its own,

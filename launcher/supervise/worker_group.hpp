@@ -19,8 +19,8 @@
 #include "launcher/supervise/output_relay.hpp"
 #include "launcher/process/process_control.hpp"
 #include "launcher/plan/rank_plan.hpp"
-#include "launcher/stall/stack_dump.hpp"
-#include "launcher/stall/stall_watch.hpp"
+#include "launcher/watch/stack_dump.hpp"
+#include "launcher/watch/stall_watch.hpp"
 
 namespace mcprun {
 

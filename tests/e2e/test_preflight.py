@@ -59,7 +59,7 @@ def preflight_processes(tmp):
     return found
 
 
-sys.path.insert(0, os.path.join(REPO, "python"))
+sys.path.insert(0, os.path.join(REPO, "worker_helper"))
 from mcprun import _preflight as preflight  # noqa: E402  (its judging needs no torch)
 
 

@@ -1,4 +1,4 @@
-"""The workers' collective progress reporter (python/sitecustomize.py, python/mcprun/_progress.py)
+"""The workers' collective progress reporter (worker_helper/sitecustomize.py, worker_helper/mcprun/_progress.py)
 with real torch workers (gloo on CPU), 1.13 and 2.13. The test plays mcprun: it serves the job
 store, starts the ranks with the environment mcprun gives them and reads their records."""
 import datetime
@@ -176,7 +176,7 @@ class ProgressReporterTest(LauncherTestCase):
                             # Both torches' init_process_group then join our store, not host one.
                             TORCHELASTIC_USE_AGENT_STORE="True", MCPRUN_COLLECTIVE_WATCH="1",
                             MCPRUN_PROGRESS_INTERVAL_S=str(INTERVAL_S),
-                            PYTHONPATH=os.path.join(REPO, "python"), OMP_NUM_THREADS="1")
+                            PYTHONPATH=os.path.join(REPO, "worker_helper"), OMP_NUM_THREADS="1")
             rank_env.update(env)
             output = open(os.path.join(self.tmp, f"output.{rank}"), "w+")
             self.addCleanup(output.close)
@@ -430,7 +430,7 @@ class ProgressReporterTest(LauncherTestCase):
         with open(os.path.join(user_site, "sitecustomize.py"), "w") as f:
             f.write("print('user sitecustomize ran', flush=True)\n")
         self.start_ranks("single", 1,
-                         PYTHONPATH=os.pathsep.join([os.path.join(REPO, "python"), user_site]))
+                         PYTHONPATH=os.pathsep.join([os.path.join(REPO, "worker_helper"), user_site]))
         self.assertEqual(self.record(0)["rank"], 0)
         out = self.output(0)
         self.assertIn("user sitecustomize ran", out)
@@ -449,7 +449,7 @@ class ProgressReporterTest(LauncherTestCase):
             env = dict(self.env, PYTHONPATH=os.pathsep.join(path), MCPRUN_COLLECTIVE_WATCH="1")
             return subprocess.run([PYTHON, *program], env=env, capture_output=True, text=True,
                                   timeout=30)
-        alone, ours = run(user_site), run(os.path.join(REPO, "python"), user_site)
+        alone, ours = run(user_site), run(os.path.join(REPO, "worker_helper"), user_site)
         self.assertIn("Error in sitecustomize", alone.stderr)
         self.assertEqual((ours.returncode, ours.stdout, ours.stderr),
                          (alone.returncode, alone.stdout, alone.stderr))

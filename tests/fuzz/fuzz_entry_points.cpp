@@ -10,7 +10,7 @@
 
 #include "common/messages.hpp"
 #include "common/protocol.hpp"
-#include "launcher/stall/file_timer.hpp"
+#include "launcher/watch/file_timer.hpp"
 #include "launcher/config/launch_config.hpp"
 #include "launcher/store/tcp_store.hpp"
 

@@ -22,30 +22,11 @@
 #include "common/connection_limits.hpp"
 #include "common/framed_session.hpp"
 #include "common/messages.hpp"
-#include "rendezvousd/lease_queue.hpp"
-#include "rendezvousd/rendezvous_round.hpp"
+#include "rendezvous/agent_session.hpp"
+#include "rendezvous/lease_queue.hpp"
+#include "rendezvous/rendezvous_round.hpp"
 
 namespace mcprun {
-
-/// Limits that keep one bad peer from costing more than its own connection.
-struct ServerSettings {
-  std::string token;                                  ///< Empty: no authentication.
-  std::string unix_socket;                            ///< Also listen here for local agents.
-  std::chrono::milliseconds first_message_timeout{std::chrono::seconds(10)};
-  std::chrono::milliseconds lease{std::chrono::seconds(15)};  ///< Silence longer than this: lost.
-  /// Agents heartbeat at a third of the lease, or slower where the agents held would send more
-  /// than this many heartbeats a second in all (16,384 agents: every 16.4 s, lost after 49 s).
-  double max_heartbeats_per_second = 1000;
-  /// 16,384 agents (one job that size, or several smaller ones) and operators or agents
-  /// reconnecting after a daemon restart beside them.
-  size_t max_connections = 16384 + 1024;
-  int listen_backlog = kListenBacklog;  ///< Asked of listen(); the kernel caps it at somaxconn.
-  SessionLimits session_limits;  ///< Per connection: queued output and message rate.
-  std::chrono::seconds finished_job_ttl{600};
-  std::vector<std::string> label_precedence{"rack", "switch"};
-  int lease_port_first = 29500;  ///< Master ports leased to local jobs: [first, last].
-  int lease_port_last = 29999;
-};
 
 /// What the server has done since it started, for the daemon's metrics; counters only grow.
 struct ServerStats {
@@ -76,13 +57,11 @@ struct ServerLoad {
   size_t leased_ports = 0;                        ///< Master ports leased to local jobs.
 };
 
-class AgentSession;
-
 /// How often the agents of a forming round hear who has joined (their terminal shows it).
 inline constexpr std::chrono::seconds kProgressInterval{1};
 
 /// Serves joins, heartbeats and failure notices; completes rounds and publishes assignments.
-class RendezvousServer {
+class RendezvousServer : public SessionHost {
  public:
   RendezvousServer(boost::asio::io_context& io, const boost::asio::ip::tcp::endpoint& listen,
                    ServerSettings settings);
@@ -93,10 +72,10 @@ class RendezvousServer {
   /// when it cannot restart, its unfinished nodes have heard so and left.
   bool job_finished(const std::string& job_id) const;
 
-  // Called by sessions.
-  void on_message(const std::shared_ptr<AgentSession>& session, const nlohmann::json& message);
-  void on_closed(const std::shared_ptr<AgentSession>& session);
-  const ServerSettings& settings() const { return settings_; }
+  // SessionHost: what its sessions report.
+  void on_message(const std::shared_ptr<AgentSession>& session, const nlohmann::json& message) override;
+  void on_closed(const std::shared_ptr<AgentSession>& session) override;
+  const ServerSettings& settings() const override { return settings_; }
   /// Takes reloaded settings, each read where it is used; the unix socket stays the one it serves.
   void reload(ServerSettings settings) {
     settings.unix_socket = settings_.unix_socket;

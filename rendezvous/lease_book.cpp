@@ -1,4 +1,4 @@
-#include "rendezvousd/lease_book.hpp"
+#include "rendezvous/lease_book.hpp"
 
 #include <algorithm>
 #include <set>

@@ -1,4 +1,4 @@
-#include "launcher/stall/straggler_watch.hpp"
+#include "launcher/watch/straggler_watch.hpp"
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>

@@ -5,8 +5,8 @@
 
 #include "common/exit_status.hpp"
 #include "common/protocol.hpp"
-#include "rendezvousd/agent_session.hpp"
-#include "rendezvousd/rendezvous_server.hpp"
+#include "rendezvous/agent_session.hpp"
+#include "rendezvous/rendezvous_server.hpp"
 
 namespace mcprun {
 namespace {

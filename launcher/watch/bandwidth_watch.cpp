@@ -1,4 +1,4 @@
-#include "launcher/stall/bandwidth_watch.hpp"
+#include "launcher/watch/bandwidth_watch.hpp"
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>

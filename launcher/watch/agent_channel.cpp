@@ -1,4 +1,4 @@
-#include "launcher/stall/agent_channel.hpp"
+#include "launcher/watch/agent_channel.hpp"
 
 #include <sys/stat.h>
 #include <unistd.h>

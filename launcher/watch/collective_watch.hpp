@@ -1,4 +1,4 @@
-// The collective watchdog: every rank's reporter (python/mcprun/_progress.py, injected through
+// The collective watchdog: every rank's reporter (worker_helper/mcprun/_progress.py, injected through
 // sitecustomize) publishes its collective progress in the job store; the node that serves the
 // store judges from all of them, across nodes, whether the job has stopped making progress.
 #pragma once

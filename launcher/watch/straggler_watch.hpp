@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "launcher/config/launch_config.hpp"
-#include "launcher/stall/bandwidth_watch.hpp"
-#include "launcher/stall/collective_watch.hpp"
+#include "launcher/watch/bandwidth_watch.hpp"
+#include "launcher/watch/collective_watch.hpp"
 
 namespace mcprun {
 

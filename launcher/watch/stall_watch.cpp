@@ -1,4 +1,4 @@
-#include "launcher/stall/stall_watch.hpp"
+#include "launcher/watch/stall_watch.hpp"
 
 #include <fmt/format.h>
 

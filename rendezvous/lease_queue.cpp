@@ -1,4 +1,4 @@
-#include "rendezvousd/lease_queue.hpp"
+#include "rendezvous/lease_queue.hpp"
 
 #include <algorithm>
 

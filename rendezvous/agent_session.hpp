@@ -1,6 +1,6 @@
 // One agent (or operator) connection to the rendezvous: common/framed_session.hpp's framing,
 // deadlines and limits, plus what the server knows of the peer. Shared by the server and its
-// operator requests.
+// operator requests; below the server, which it reaches through SessionHost.
 #pragma once
 
 #include <sys/types.h>
@@ -15,14 +15,28 @@
 
 #include "common/framed_session.hpp"
 #include "common/logging.hpp"
-#include "rendezvousd/rendezvous_server.hpp"
+#include "rendezvous/server_settings.hpp"
 
 namespace mcprun {
+
+class AgentSession;
+
+/// What a session reports to the server that accepted it. The server implements it, so that a
+/// session knows nothing of the server but this.
+class SessionHost {
+ public:
+  virtual const ServerSettings& settings() const = 0;
+  virtual void on_message(const std::shared_ptr<AgentSession>& session, const nlohmann::json& message) = 0;
+  virtual void on_closed(const std::shared_ptr<AgentSession>& session) = 0;
+
+ protected:
+  ~SessionHost() = default;
+};
 
 /// One agent connection: the server reads its messages, and keeps its job and lease here.
 class AgentSession : public FramedSession {
  public:
-  AgentSession(Socket socket, RendezvousServer& server, std::string peer, std::string peer_address,
+  AgentSession(Socket socket, SessionHost& server, std::string peer, std::string peer_address,
                std::optional<uid_t> uid)
       : FramedSession(std::move(socket), std::move(peer), server.settings().session_limits),
         uid(uid),
@@ -74,7 +88,7 @@ class AgentSession : public FramedSession {
   }
   void on_closed() override { server_.on_closed(self()); }
 
-  RendezvousServer& server_;
+  SessionHost& server_;
   std::string peer_address_;
   std::chrono::milliseconds heartbeat_interval_{0};  ///< As last told; zero: none yet.
 };

@@ -1,4 +1,4 @@
-#include "rendezvousd/rendezvous_server.hpp"
+#include "rendezvous/rendezvous_server.hpp"
 
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -8,7 +8,7 @@
 #include "common/logging.hpp"
 #include "common/protocol.hpp"
 #include "common/topology.hpp"
-#include "rendezvousd/agent_session.hpp"
+#include "rendezvous/agent_session.hpp"
 
 namespace mcprun {
 

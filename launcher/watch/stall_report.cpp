@@ -1,4 +1,4 @@
-#include "launcher/stall/stall_report.hpp"
+#include "launcher/watch/stall_report.hpp"
 
 #include "common/topology.hpp"
 

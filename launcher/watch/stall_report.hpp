@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "launcher/stall/collective_watch.hpp"
+#include "launcher/watch/collective_watch.hpp"
 #include "launcher/store/init_barrier.hpp"
 
 namespace mcprun {

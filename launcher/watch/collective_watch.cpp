@@ -1,4 +1,4 @@
-#include "launcher/stall/collective_watch.hpp"
+#include "launcher/watch/collective_watch.hpp"
 
 #include <fmt/format.h>
 

@@ -1,4 +1,4 @@
-#include "launcher/stall/link_check.hpp"
+#include "launcher/watch/link_check.hpp"
 
 #include <fmt/format.h>
 

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "rendezvousd/lease_book.hpp"
+#include "rendezvous/lease_book.hpp"
 
 namespace mcprun {
 

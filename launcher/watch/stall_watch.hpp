@@ -16,14 +16,14 @@
 #include <string>
 #include <vector>
 
-#include "launcher/stall/agent_channel.hpp"
-#include "launcher/stall/collective_watch.hpp"
-#include "launcher/stall/file_timer.hpp"
+#include "launcher/watch/agent_channel.hpp"
+#include "launcher/watch/collective_watch.hpp"
+#include "launcher/watch/file_timer.hpp"
 #include "launcher/store/init_barrier.hpp"
 #include "launcher/config/launch_config.hpp"
-#include "launcher/stall/stall_report.hpp"
-#include "launcher/stall/link_check.hpp"
-#include "launcher/stall/straggler_watch.hpp"
+#include "launcher/watch/stall_report.hpp"
+#include "launcher/watch/link_check.hpp"
+#include "launcher/watch/straggler_watch.hpp"
 #include "launcher/store/tcp_store.hpp"
 #include "launcher/plan/rank_plan.hpp"
 

@@ -1,4 +1,4 @@
-// The local agent's unix socket for the workers' python helper (python/mcprun): heartbeats and
+// The local agent's unix socket for the workers' python helper (worker_helper/mcprun): heartbeats and
 // cross-node barriers. Frames are common/protocol.hpp's. Messages, worker -> agent:
 //   hello      rank, pid: sent once per connection
 //   heartbeat  (no fields)

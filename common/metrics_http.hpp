@@ -1,18 +1,15 @@
-// rendezvousd's Prometheus metrics: the text exposition format, served over HTTP on the daemon's
-// own event loop.
+// A Prometheus scrape endpoint over HTTP, on its owner's event loop: rendezvousd's metrics, and a
+// launcher's under --metrics-port.
 #pragma once
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 
 #include <chrono>
-#include <cstdint>
 #include <functional>
 #include <memory>
 #include <set>
 #include <string>
-
-#include "rendezvousd/rendezvous_server.hpp"
 
 namespace mcprun {
 
@@ -22,9 +19,6 @@ inline constexpr std::chrono::seconds kMetricsReadTimeout{10};
 inline constexpr size_t kMaxMetricsRequestBytes = 8 * 1024;
 /// Metrics connections open at once; more are closed at once, so scrapers cannot crowd agents.
 inline constexpr size_t kMaxMetricsConnections = 32;
-
-/// `stats` and `load` in the text exposition format 0.0.4, with the process's resident memory.
-std::string render_metrics(const ServerStats& stats, const ServerLoad& load, uint64_t resident_bytes);
 
 /// Answers GET /metrics with what `render` returns, 404 for any other path, 405 for any other
 /// method, and 4xx then a close for a malformed or oversized request.
