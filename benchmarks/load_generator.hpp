@@ -61,7 +61,8 @@ class CommandLoop {
       std::getline(in, line);
       generator_.run(line, [this](const nlohmann::json& answer) {
         // Replaced, not thrown on: an answer may quote a server's bytes, any bytes at all.
-        std::cout << answer.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;
+        std::cout << answer.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+                  << std::endl;
         next();
       });
     });
@@ -83,17 +84,22 @@ int main(int argc, char** argv, const char* name) {
   size_t sources = 64;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
-    if (flag == "--host") host = argv[i + 1];
-    else if (flag == "--port") port = std::stoi(argv[i + 1]);
-    else if (flag == "--timeout") timeout = std::stod(argv[i + 1]);
-    else if (flag == "--sources") sources = std::max(1ul, std::stoul(argv[i + 1]));
+    if (flag == "--host")
+      host = argv[i + 1];
+    else if (flag == "--port")
+      port = std::stoi(argv[i + 1]);
+    else if (flag == "--timeout")
+      timeout = std::stod(argv[i + 1]);
+    else if (flag == "--sources")
+      sources = std::max(1ul, std::stoul(argv[i + 1]));
     else {
       std::cerr << name << ": unknown flag " << flag << "\n";
       return 2;
     }
   }
   if (port <= 0 || argc % 2 == 0) {
-    std::cerr << "usage: " << name << " --port PORT [--host HOST] [--timeout SECONDS] [--sources N]\n";
+    std::cerr << "usage: " << name
+              << " --port PORT [--host HOST] [--timeout SECONDS] [--sources N]\n";
     return 2;
   }
   // One descriptor per simulated peer: as many as the hard limit allows.

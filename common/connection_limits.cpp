@@ -23,9 +23,10 @@ std::optional<std::string> connection_limits_warning(std::string_view what, size
   const long wanted = static_cast<long>(connections);
   std::vector<std::string> short_of;
   if (const long needed = wanted + kServerSpareDescriptors; limits.descriptors < needed)
-    short_of.push_back(fmt::format("ulimit -n is {} (raise the hard limit to {} or more: "
-                                   "LimitNOFILE= in a unit, nofile in limits.conf)",
-                                   limits.descriptors, needed));
+    short_of.push_back(
+        fmt::format("ulimit -n is {} (raise the hard limit to {} or more: "
+                    "LimitNOFILE= in a unit, nofile in limits.conf)",
+                    limits.descriptors, needed));
   // A backlog shorter than the connections that arrive at once drops SYNs: clients retry after
   // a second, or see a reset where tcp_abort_on_overflow is set.
   const long effective = limits.somaxconn > 0 ? std::min(backlog, limits.somaxconn) : backlog;

@@ -81,9 +81,10 @@ Expected<int> gpu_numa_node(const GpuDevice& gpu, const CpuTopology& topology) {
     return gpu.numa_node;
   }
   if (topology.numa_nodes.size() == 1) return topology.numa_nodes.begin()->first;
-  return Error{"GPU " + gpu.bus_id + " reports no NUMA node (numa_node -1) and this machine has " +
-               std::to_string(topology.numa_nodes.size()) +
-               " NUMA nodes, so there is no node to bind its worker to; run without --numa-binding"};
+  return Error{
+      "GPU " + gpu.bus_id + " reports no NUMA node (numa_node -1) and this machine has " +
+      std::to_string(topology.numa_nodes.size()) +
+      " NUMA nodes, so there is no node to bind its worker to; run without --numa-binding"};
 }
 
 /// The CPUs of NUMA node `node` that the launcher may use, sorted.
@@ -129,7 +130,7 @@ std::map<int, std::vector<int>> group_by(const std::vector<int>& cpus, KeyOf key
 }
 
 Expected<std::vector<int>> socket_cpus(int node, const std::vector<int>& here,
-                                      const CpuTopology& topology) {
+                                       const CpuTopology& topology) {
   // Torch names a node's socket by the package of its lowest allowed CPU.
   auto package_of = [&](int cpu) {
     const LogicalCpu* info = find_cpu(cpu, topology);
@@ -151,8 +152,8 @@ Expected<std::vector<int>> socket_cpus(int node, const std::vector<int>& here,
 }
 
 Expected<std::vector<int>> exclusive_cpus(int node, const std::vector<int>& here,
-                                         std::pair<size_t, size_t> place,
-                                         const CpuTopology& topology) {
+                                          std::pair<size_t, size_t> place,
+                                          const CpuTopology& topology) {
   // A CPU with no thread_siblings_list is a core of its own.
   auto cores = group_by(here, [&](int cpu) {
     const LogicalCpu* info = find_cpu(cpu, topology);
@@ -177,8 +178,8 @@ Expected<std::vector<int>> exclusive_cpus(int node, const std::vector<int>& here
 }
 
 Expected<std::vector<int>> core_complex_cpus(const std::vector<int>& here,
-                                            std::pair<size_t, size_t> place,
-                                            const CpuTopology& topology) {
+                                             std::pair<size_t, size_t> place,
+                                             const CpuTopology& topology) {
   for (int cpu : here) {
     const LogicalCpu* info = find_cpu(cpu, topology);
     if (!info || info->cache_group < 0)
@@ -188,9 +189,8 @@ Expected<std::vector<int>> core_complex_cpus(const std::vector<int>& here,
   auto groups = group_by(here, [&](int cpu) { return find_cpu(cpu, topology)->cache_group; });
   // Torch's order: complexes with more allowed CPUs first, then by their lowest CPU.
   std::vector<std::pair<int, std::vector<int>>> complexes(groups.begin(), groups.end());
-  std::stable_sort(complexes.begin(), complexes.end(), [](const auto& a, const auto& b) {
-    return a.second.size() > b.second.size();
-  });
+  std::stable_sort(complexes.begin(), complexes.end(),
+                   [](const auto& a, const auto& b) { return a.second.size() > b.second.size(); });
   return complexes[place.first % complexes.size()].second;
 }
 
@@ -211,9 +211,8 @@ std::string_view to_string(NumaBinding binding) {
 std::vector<int> launcher_affinity() {
   // CPU_ALLOC masks, doubled until the kernel's fits: a fixed cpu_set_t stops at 1024 CPUs.
   for (int size = 1024; size <= kMaxAffinityCpus; size *= 2) {
-    std::unique_ptr<cpu_set_t, void (*)(cpu_set_t*)> mask(CPU_ALLOC(size), [](cpu_set_t* m) {
-      CPU_FREE(m);
-    });
+    std::unique_ptr<cpu_set_t, void (*)(cpu_set_t*)> mask(CPU_ALLOC(size),
+                                                          [](cpu_set_t* m) { CPU_FREE(m); });
     if (!mask) return {};
     const size_t bytes = CPU_ALLOC_SIZE(size);
     CPU_ZERO_S(bytes, mask.get());
@@ -248,9 +247,9 @@ CpuTopology read_cpu_topology(const fs::path& sysfs, std::optional<std::vector<i
   return topology;
 }
 
-Expected<std::vector<int>> numa_binding_cpus(
-    NumaBinding binding, const GpuDevice& gpu, const std::vector<GpuDevice>& node_gpus,
-    const CpuTopology& topology) {
+Expected<std::vector<int>> numa_binding_cpus(NumaBinding binding, const GpuDevice& gpu,
+                                             const std::vector<GpuDevice>& node_gpus,
+                                             const CpuTopology& topology) {
   auto node = gpu_numa_node(gpu, topology);
   if (!node) return node.error();
   const int numa_node = *node;
@@ -269,8 +268,7 @@ Expected<std::vector<int>> numa_binding_cpus(
       return exclusive_cpus(numa_node, here, relative_index(gpu, numa_node, node_gpus, topology),
                             topology);
     case NumaBinding::kCoreComplex:
-      return core_complex_cpus(here, relative_index(gpu, numa_node, node_gpus, topology),
-                               topology);
+      return core_complex_cpus(here, relative_index(gpu, numa_node, node_gpus, topology), topology);
   }
   return Error{"unknown --numa-binding mode"};
 }

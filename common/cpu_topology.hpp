@@ -48,8 +48,8 @@ CpuTopology read_cpu_topology(const std::filesystem::path& sysfs = sysfs_root(),
 /// one-line error saying why there is none. `node_gpus` are the GPUs of this host (those of
 /// other NUMA nodes are ignored); the GPU's relative index is its place among those on its NUMA
 /// node in pci_index order. Only allowed CPUs are ever returned.
-Expected<std::vector<int>> numa_binding_cpus(
-    NumaBinding binding, const GpuDevice& gpu, const std::vector<GpuDevice>& node_gpus,
-    const CpuTopology& topology);
+Expected<std::vector<int>> numa_binding_cpus(NumaBinding binding, const GpuDevice& gpu,
+                                             const std::vector<GpuDevice>& node_gpus,
+                                             const CpuTopology& topology);
 
 }  // namespace mcprun

@@ -1,7 +1,6 @@
 #include "common/endpoint.hpp"
 
 #include <boost/asio/ip/address.hpp>
-
 #include <charconv>
 
 namespace mcprun {
@@ -66,8 +65,10 @@ Expected<Endpoint> parse_endpoint(std::string_view text, EndpointRules rules) {
     if (close == std::string_view::npos) return malformed(text, rules);
     host = text.substr(1, close - 1);
     const std::string_view rest = text.substr(close + 1);
-    if (rest.starts_with(":")) port = rest.substr(1);
-    else if (!rest.empty()) return malformed(text, rules);
+    if (rest.starts_with(":"))
+      port = rest.substr(1);
+    else if (!rest.empty())
+      return malformed(text, rules);
   } else if (const auto colon = text.rfind(':'); colon != std::string_view::npos) {
     host = text.substr(0, colon);
     port = text.substr(colon + 1);

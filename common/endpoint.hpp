@@ -3,7 +3,6 @@
 #pragma once
 
 #include <boost/asio/ip/tcp.hpp>
-
 #include <optional>
 #include <string>
 #include <string_view>
@@ -14,7 +13,7 @@ namespace mcprun {
 
 /// A TCP host and port, or a unix socket.
 struct Endpoint {
-  std::string host;       ///< Without brackets ("fd00::1"); empty for a unix socket.
+  std::string host;  ///< Without brackets ("fd00::1"); empty for a unix socket.
   int port = 0;
   std::string unix_path;  ///< Set for "unix:PATH".
 

@@ -1,13 +1,13 @@
 #include "common/framed_session.hpp"
 
-#include <boost/asio/connect.hpp>
-#include <boost/asio/ip/tcp.hpp>
-#include <boost/asio/local/stream_protocol.hpp>
-#include <boost/asio/write.hpp>
 #include <sys/socket.h>
 #include <sys/un.h>
 
 #include <algorithm>
+#include <boost/asio/connect.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
+#include <boost/asio/write.hpp>
 #include <cerrno>
 #include <cstring>
 #include <exception>
@@ -115,14 +115,14 @@ void FramedSession::close() {
 }
 
 void FramedSession::read() {
-  socket_.async_read_some(asio::buffer(chunk_), [self = shared_from_this()](
-                                                    boost::system::error_code ec, size_t n) {
-    if (self->closed_) return;
-    if (ec) return self->close();
-    self->buffer_.append(self->chunk_.data(), n);
-    self->drain_frames();
-    if (!self->closed_ && !self->close_after_write_) self->read();
-  });
+  socket_.async_read_some(asio::buffer(chunk_),
+                          [self = shared_from_this()](boost::system::error_code ec, size_t n) {
+                            if (self->closed_) return;
+                            if (ec) return self->close();
+                            self->buffer_.append(self->chunk_.data(), n);
+                            self->drain_frames();
+                            if (!self->closed_ && !self->close_after_write_) self->read();
+                          });
 }
 
 bool FramedSession::within_rate() {
@@ -163,8 +163,10 @@ void FramedSession::write_next() {
                       if (ec) return self->close();
                       self->queued_bytes_ -= self->writes_.front().size();
                       self->writes_.pop_front();
-                      if (!self->writes_.empty()) self->write_next();
-                      else if (self->close_after_write_) self->close();
+                      if (!self->writes_.empty())
+                        self->write_next();
+                      else if (self->close_after_write_)
+                        self->close();
                     });
 }
 
@@ -199,8 +201,11 @@ Expected<DialledSocket> connect_unix(asio::io_context& io, const std::string& pa
     if (errno != EAGAIN) return Error{std::strerror(errno)};
     const auto left = deadline - std::chrono::steady_clock::now();
     if (left <= left.zero())
-      return Error{"no answer within " + seconds_text(limit) + ": its backlog is full and it accepts nothing"};
-    run_until(io, [] { return false; }, std::min<std::chrono::steady_clock::duration>(kUnixRetryInterval, left));
+      return Error{"no answer within " + seconds_text(limit) +
+                   ": its backlog is full and it accepts nothing"};
+    run_until(
+        io, [] { return false; },
+        std::min<std::chrono::steady_clock::duration>(kUnixRetryInterval, left));
   }
   return DialledSocket{FramedSession::Socket(std::move(socket)), "127.0.0.1"};
 }
@@ -218,12 +223,14 @@ Expected<DialledSocket> connect_within(asio::io_context& io, const Endpoint& end
   tcp::socket socket(io);
   // Shared with the handler, which may run after this frame is gone.
   auto connected = std::make_shared<std::optional<boost::system::error_code>>();
-  asio::async_connect(socket, addresses, [connected](boost::system::error_code result, const tcp::endpoint&) {
-    *connected = result;
-  });
-  if (!run_until(io, [&] { return connected->has_value(); }, limit)) {
+  asio::async_connect(
+      socket, addresses,
+      [connected](boost::system::error_code result, const tcp::endpoint&) { *connected = result; });
+  if (!run_until(
+          io, [&] { return connected->has_value(); }, limit)) {
     socket.close(ec);
-    run_until(io, [&] { return connected->has_value(); }, kCancelledConnectTimeout);
+    run_until(
+        io, [&] { return connected->has_value(); }, kCancelledConnectTimeout);
     return Error{"no answer within " + seconds_text(limit)};
   }
   if (**connected) return Error{(*connected)->message()};

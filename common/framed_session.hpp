@@ -5,15 +5,14 @@
 // most. `connect_within` opens the dialled side under a deadline.
 #pragma once
 
+#include <array>
 #include <boost/asio/generic/stream_protocol.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
-#include <nlohmann/json.hpp>
-
-#include <array>
 #include <chrono>
 #include <deque>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "common/endpoint.hpp"
@@ -105,9 +104,9 @@ class FramedSession : public std::enable_shared_from_this<FramedSession> {
   std::chrono::steady_clock::time_point allowance_at_;
   bool closed_ = false;
   bool close_after_write_ = false;
-  std::chrono::milliseconds silence_limit_{0};  ///< expect_message_within's; zero: none.
+  std::chrono::milliseconds silence_limit_{0};      ///< expect_message_within's; zero: none.
   std::chrono::steady_clock::time_point heard_at_;  ///< When that limit last began.
-  bool deadline_armed_ = false;  ///< A wait on deadline_ is pending.
+  bool deadline_armed_ = false;                     ///< A wait on deadline_ is pending.
 };
 
 /// A connection dialled under a deadline, before a session takes it over.

@@ -21,15 +21,23 @@ constexpr size_t kMaxStragglerLine = 2048;
 
 const char* kind_of(const json& value) {
   switch (value.type()) {
-    case json::value_t::null: return "null";
-    case json::value_t::object: return "an object";
-    case json::value_t::array: return "an array";
-    case json::value_t::string: return "a string";
-    case json::value_t::boolean: return "a boolean";
+    case json::value_t::null:
+      return "null";
+    case json::value_t::object:
+      return "an object";
+    case json::value_t::array:
+      return "an array";
+    case json::value_t::string:
+      return "a string";
+    case json::value_t::boolean:
+      return "a boolean";
     case json::value_t::number_integer:
-    case json::value_t::number_unsigned: return "an integer";
-    case json::value_t::number_float: return "a number with a fraction";
-    default: return "binary";
+    case json::value_t::number_unsigned:
+      return "an integer";
+    case json::value_t::number_float:
+      return "a number with a fraction";
+    default:
+      return "binary";
   }
 }
 
@@ -100,7 +108,8 @@ class Fields {
       if (required) fail(name, "is missing");
       return *this;
     }
-    if (!convert(*it, out)) fail(name, fmt::format("must be {}, not {}", expected(out), kind_of(*it)));
+    if (!convert(*it, out))
+      fail(name, fmt::format("must be {}, not {}", expected(out), kind_of(*it)));
     return *this;
   }
 
@@ -202,12 +211,14 @@ Parsed<JoinMessage> parse_join_fields(const json& message, const std::string& wh
       .number("restart_count", join.restart_count, false, 0, kMaxCount)
       .optional("progress", join.progress);
   if (const json* gpus = fields.raw("gpus", false)) {
-    if (!gpus->is_array()) fields.fail("gpus", std::string("must be an array, not ") + kind_of(*gpus));
-    else join.gpu_count = static_cast<int>(gpus->size());
+    if (!gpus->is_array())
+      fields.fail("gpus", std::string("must be an array, not ") + kind_of(*gpus));
+    else
+      join.gpu_count = static_cast<int>(gpus->size());
   }
   if (!fields.error() && join.max_nodes < join.min_nodes)
-    fields.fail("max_nodes", fmt::format("({}) must not be below \"min_nodes\" ({})", join.max_nodes,
-                                         join.min_nodes));
+    fields.fail("max_nodes", fmt::format("({}) must not be below \"min_nodes\" ({})",
+                                         join.max_nodes, join.min_nodes));
   return fields.result(std::move(join));
 }
 
@@ -364,8 +375,7 @@ Parsed<BarrierDone> parse_barrier_done(const json& message) {
 Parsed<LeaseGrant> parse_lease_grant(const json& message) {
   Fields fields(message, "lease");
   LeaseGrant grant;
-  fields.optional("gpus", grant.gpus)
-      .number("port", grant.port, true, 1, 65535);
+  fields.optional("gpus", grant.gpus).number("port", grant.port, true, 1, 65535);
   return fields.result(std::move(grant));
 }
 
@@ -397,7 +407,8 @@ void read_summary(Fields& fields, JobSummary& job) {
 
 /// Each element of array field `name`, read by `read_one`; false after an error.
 template <class Item, class Read>
-bool read_list(Fields& fields, const char* name, bool required, std::vector<Item>& out, Read read_one) {
+bool read_list(Fields& fields, const char* name, bool required, std::vector<Item>& out,
+               Read read_one) {
   const json* list = fields.raw(name, required);
   if (!list) return !fields.error();
   if (!list->is_array()) {
@@ -443,7 +454,9 @@ Parsed<JobStatus> parse_status_reply(const json& message) {
         .number("group_rank", line.group_rank, false, 0, kMaxCount);
   });
   read_list(fields, "members", false, status.members, [](Fields& item, JobMember& member) {
-    item.optional("node", member.node).optional("connected", member.connected).optional("done", member.done);
+    item.optional("node", member.node)
+        .optional("connected", member.connected)
+        .optional("done", member.done);
   });
   return fields.result(std::move(status));
 }

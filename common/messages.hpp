@@ -4,10 +4,9 @@
 // wrong type costs its sender one refused message, never an exception in an I/O handler.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <chrono>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <variant>
@@ -44,11 +43,11 @@ struct AssignmentMessage {
 struct JoinMessage {
   std::string token;  ///< Empty when none was sent.
   std::string job, node;
-  std::string addr;   ///< Empty: the daemon uses the peer's address.
+  std::string addr;  ///< Empty: the daemon uses the peer's address.
   int nproc = 0;
   int node_rank = -1;  ///< -1: any slot.
   int master_port = 0;
-  int gpu_count = 0;   ///< Of the "gpus" list, which is only logged.
+  int gpu_count = 0;  ///< Of the "gpus" list, which is only logged.
   std::map<std::string, std::string> labels;
   int min_nodes = 0, max_nodes = 0;
   double join_timeout_s = kDefaultJoinTimeout.count();

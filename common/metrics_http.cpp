@@ -2,7 +2,6 @@
 
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
-
 #include <optional>
 
 #include "common/logging.hpp"
@@ -38,15 +37,16 @@ class MetricsServer::Connection : public std::enable_shared_from_this<Connection
     parser_->header_limit(kMaxMetricsRequestBytes);
     parser_->body_limit(0);
     stream_.expires_after(kMetricsReadTimeout);
-    http::async_read(stream_, buffer_, *parser_,
-                     [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
+    http::async_read(
+        stream_, buffer_, *parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
   }
 
   void on_read(beast::error_code ec) {
     if (closed_) return;
     // The peer left, went silent past the deadline, or the server is stopping: nothing to answer.
-    if (ec == http::error::end_of_stream || ec == beast::error::timeout || ec == asio::error::operation_aborted ||
-        ec == asio::error::connection_reset)
+    if (ec == http::error::end_of_stream || ec == beast::error::timeout ||
+        ec == asio::error::operation_aborted || ec == asio::error::connection_reset)
       return close();
     if (ec) {
       spdlog::debug("metrics: bad request: {}", ec.message());
@@ -60,7 +60,8 @@ class MetricsServer::Connection : public std::enable_shared_from_this<Connection
     if (request.method() != http::verb::get)
       return reply(http::status::method_not_allowed, "only GET is served\n", request.keep_alive());
     if (target.substr(0, target.find('?')) != "/metrics")
-      return reply(http::status::not_found, "not found; the metrics are at /metrics\n", request.keep_alive());
+      return reply(http::status::not_found, "not found; the metrics are at /metrics\n",
+                   request.keep_alive());
     reply(http::status::ok, server_.render_(), request.keep_alive());
   }
 
@@ -76,11 +77,12 @@ class MetricsServer::Connection : public std::enable_shared_from_this<Connection
     response_.body() = std::move(body);
     response_.prepare_payload();
     stream_.expires_after(kMetricsReadTimeout);  // A scraper that stops reading is cut off too.
-    http::async_write(stream_, response_, [self = shared_from_this()](beast::error_code ec, size_t) {
-      if (self->closed_) return;
-      if (ec || !self->response_.keep_alive()) return self->close();
-      self->read();
-    });
+    http::async_write(stream_, response_,
+                      [self = shared_from_this()](beast::error_code ec, size_t) {
+                        if (self->closed_) return;
+                        if (ec || !self->response_.keep_alive()) return self->close();
+                        self->read();
+                      });
   }
 
   beast::tcp_stream stream_;

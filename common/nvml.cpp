@@ -56,7 +56,8 @@ std::optional<std::vector<GpuProcess>> nvml_processes_on(const std::string& bus_
   auto processes =
       reinterpret_cast<ProcessesFn>(::dlsym(library, "nvmlDeviceGetComputeRunningProcesses_v3"));
   if (!processes)
-    processes = reinterpret_cast<ProcessesFn>(::dlsym(library, "nvmlDeviceGetComputeRunningProcesses_v2"));
+    processes =
+        reinterpret_cast<ProcessesFn>(::dlsym(library, "nvmlDeviceGetComputeRunningProcesses_v2"));
   auto shutdown = reinterpret_cast<InitFn>(::dlsym(library, "nvmlShutdown"));
   std::optional<std::vector<GpuProcess>> found;
   unsigned devices = 0;
@@ -77,8 +78,9 @@ std::optional<std::vector<GpuProcess>> nvml_processes_on(const std::string& bus_
       if (status != 0) break;
       found.emplace();
       for (unsigned p = 0; p < listed && p < infos.size(); ++p)
-        found->push_back({static_cast<int>(infos[p].pid),
-                          infos[p].used_gpu_memory == kNvmlValueNotAvailable ? 0 : infos[p].used_gpu_memory});
+        found->push_back(
+            {static_cast<int>(infos[p].pid),
+             infos[p].used_gpu_memory == kNvmlValueNotAvailable ? 0 : infos[p].used_gpu_memory});
     }
     if (shutdown) shutdown();
   }

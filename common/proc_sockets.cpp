@@ -3,7 +3,6 @@
 #include <arpa/inet.h>
 
 #include <cstring>
-
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -50,10 +49,10 @@ std::vector<pid_t> group_members(pid_t leader) {
 std::set<unsigned long> socket_inodes(pid_t pid) {
   std::set<unsigned long> inodes;
   std::error_code ec;
-  for (const auto& fd : fs::directory_iterator(fs::path("/proc") / std::to_string(pid) / "fd", ec)) {
+  for (const auto& fd :
+       fs::directory_iterator(fs::path("/proc") / std::to_string(pid) / "fd", ec)) {
     const std::string target = fs::read_symlink(fd.path(), ec).string();
-    if (!ec && target.rfind("socket:[", 0) == 0)
-      inodes.insert(std::stoul(target.substr(8)));
+    if (!ec && target.rfind("socket:[", 0) == 0) inodes.insert(std::stoul(target.substr(8)));
   }
   return inodes;
 }
@@ -73,8 +72,10 @@ SocketEnd decode_end(const std::string& text) {
     ::inet_ntop(AF_INET, bytes, buffer, sizeof buffer);
   } else {
     static const unsigned char kV4Mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
-    if (std::memcmp(bytes, kV4Mapped, 12) == 0) ::inet_ntop(AF_INET, bytes + 12, buffer, sizeof buffer);
-    else ::inet_ntop(AF_INET6, bytes, buffer, sizeof buffer);
+    if (std::memcmp(bytes, kV4Mapped, 12) == 0)
+      ::inet_ntop(AF_INET, bytes + 12, buffer, sizeof buffer);
+    else
+      ::inet_ntop(AF_INET6, bytes, buffer, sizeof buffer);
   }
   end.address = buffer;
   return end;

@@ -25,7 +25,8 @@ std::string read_text(const std::string& path) {
 /// last ')'.
 std::vector<std::string_view> fields_after_command(std::string_view stat) {
   const size_t close = stat.rfind(')');
-  if (close == std::string_view::npos || close + 2 >= stat.size() || stat[close + 1] != ' ') return {};
+  if (close == std::string_view::npos || close + 2 >= stat.size() || stat[close + 1] != ' ')
+    return {};
   std::vector<std::string_view> fields;
   for (size_t at = close + 2; at < stat.size();) {
     const size_t end = stat.find_first_of(" \n", at);
@@ -53,7 +54,8 @@ std::optional<ProcessRunState> parse_run_state(std::string_view stat, std::strin
   state.state = fields[0][0];
   state.wchan = std::string(wchan.substr(0, wchan.find_first_of("\n")));
   if (state.wchan == "0") state.wchan.clear();
-  state.cpu_s = (field_ticks(fields, 11) + field_ticks(fields, 12)) / static_cast<double>(sysconf(_SC_CLK_TCK));
+  state.cpu_s = (field_ticks(fields, 11) + field_ticks(fields, 12)) /
+                static_cast<double>(sysconf(_SC_CLK_TCK));
   return state;
 }
 
@@ -102,7 +104,8 @@ std::optional<ProcessActivity> read_process_activity(pid_t pid) {
   const std::string main_thread = fmt::format("/proc/{}/task/{}/", pid, pid);
   if (const auto times = parse_schedstat(read_text(main_thread + "schedstat")))
     std::tie(activity.main_run_s, activity.main_run_delay_s) = *times;
-  if (const auto bytes = parse_io_bytes(read_text(main_thread + "io"))) activity.main_io_bytes = *bytes;
+  if (const auto bytes = parse_io_bytes(read_text(main_thread + "io")))
+    activity.main_io_bytes = *bytes;
   return activity;
 }
 
@@ -151,7 +154,8 @@ std::optional<std::string> busiest_process_beside(pid_t pid) {
     if (!shares) continue;
     const double alive_s = uptime_s - field_ticks(fields, 19) / ticks_per_s;
     if (alive_s < 1) continue;
-    const double share = (field_ticks(fields, 11) + field_ticks(fields, 12)) / ticks_per_s / alive_s;
+    const double share =
+        (field_ticks(fields, 11) + field_ticks(fields, 12)) / ticks_per_s / alive_s;
     if (share <= busiest_share) continue;
     busiest_share = share;
     const size_t open = stat.find('('), close = stat.rfind(')');

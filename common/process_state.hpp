@@ -4,8 +4,8 @@
 
 #include <sys/types.h>
 
-#include <optional>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -23,10 +23,11 @@ struct ProcessRunState {
 /// loaded box gives it little CPU. Its main thread runs the script; its other threads (the
 /// progress reporter, gloo's) are left out of all but `cpu_s`.
 struct ProcessActivity {
-  double cpu_s = 0;               ///< Its threads' CPU time, user and system (/proc/PID/stat).
-  double main_run_s = -1;         ///< Its main thread's time on a CPU; -1: not counted.
-  double main_run_delay_s = -1;   ///< Its main thread's time runnable, waiting for a CPU.
-  int64_t main_io_bytes = -1;     ///< Bytes its main thread's system calls read and wrote; -1: not counted.
+  double cpu_s = 0;              ///< Its threads' CPU time, user and system (/proc/PID/stat).
+  double main_run_s = -1;        ///< Its main thread's time on a CPU; -1: not counted.
+  double main_run_delay_s = -1;  ///< Its main thread's time runnable, waiting for a CPU.
+  int64_t main_io_bytes =
+      -1;  ///< Bytes its main thread's system calls read and wrote; -1: not counted.
 };
 
 /// A thread's /proc/PID/task/TID/schedstat: "<ns on a CPU> <ns waiting for one> <timeslices>",

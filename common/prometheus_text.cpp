@@ -12,10 +12,14 @@ std::string escaped(std::string_view text, bool in_label) {
   std::string out;
   out.reserve(text.size());
   for (char c : text) {
-    if (c == '\\') out += "\\\\";
-    else if (c == '\n') out += "\\n";
-    else if (c == '"' && in_label) out += "\\\"";
-    else out += c;
+    if (c == '\\')
+      out += "\\\\";
+    else if (c == '\n')
+      out += "\\n";
+    else if (c == '"' && in_label)
+      out += "\\\"";
+    else
+      out += c;
   }
   return out;
 }

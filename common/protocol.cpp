@@ -24,9 +24,12 @@ size_t nesting_depth(std::string_view payload, size_t limit) {
   bool in_string = false, escaped = false;
   for (char c : payload) {
     if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false;
     } else if (c == '"') {
       in_string = true;
     } else if (c == '[' || c == '{') {
@@ -66,7 +69,8 @@ FrameResult decode_frame(std::string_view buffer) {
     return FrameError{"protocol version " + version->dump() + " is not the supported " +
                       std::to_string(kProtocolVersion)};
   auto type = message.find("type");
-  if (type == message.end() || !type->is_string()) return FrameError{"message has no string \"type\""};
+  if (type == message.end() || !type->is_string())
+    return FrameError{"message has no string \"type\""};
   return Frame{std::move(message), kFrameHeaderBytes + length};
 }
 

@@ -1,7 +1,6 @@
 #include "common/sys.hpp"
 
 #include <fmt/format.h>
-
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -56,9 +55,11 @@ std::string search_path_of(const Environment& env) {
 std::optional<std::string> find_executable(std::string_view name, std::string_view search_path) {
   auto executable = [](const std::filesystem::path& candidate) {
     std::error_code ec;
-    return std::filesystem::is_regular_file(candidate, ec) && ::access(candidate.c_str(), X_OK) == 0;
+    return std::filesystem::is_regular_file(candidate, ec) &&
+           ::access(candidate.c_str(), X_OK) == 0;
   };
-  if (name.find('/') != std::string_view::npos) return std::string(name);  // exec reports what is wrong.
+  if (name.find('/') != std::string_view::npos)
+    return std::string(name);  // exec reports what is wrong.
   while (!search_path.empty()) {
     const size_t colon = search_path.find(':');
     const std::string_view dir = search_path.substr(0, colon);

@@ -48,6 +48,7 @@ std::string human_duration(double seconds);
 std::string human_bytes(double bytes);
 
 /// "2026-12-03T13:53:17Z": error files, reports and stack dumps all stamp time this way.
-std::string utc_timestamp(std::chrono::system_clock::time_point time = std::chrono::system_clock::now());
+std::string utc_timestamp(
+    std::chrono::system_clock::time_point time = std::chrono::system_clock::now());
 
 }  // namespace mcprun

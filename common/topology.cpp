@@ -104,13 +104,15 @@ std::string describe_choices(const std::vector<GpuDevice>& gpus) {
 }
 
 /// The GPUs one CUDA_VISIBLE_DEVICES entry names: an index, a full UUID or a "GPU-" prefix.
-std::vector<const GpuDevice*> matching(const std::vector<GpuDevice>& gpus, const std::string& item) {
+std::vector<const GpuDevice*> matching(const std::vector<GpuDevice>& gpus,
+                                       const std::string& item) {
   std::vector<const GpuDevice*> found;
   auto index = parse_number(item, 10);
   for (const GpuDevice& gpu : gpus) {
-    bool hit = index ? gpu.pci_index == *index
-                     : !gpu.uuid.empty() && (gpu.uuid == item ||
-                                             (item.starts_with("GPU-") && gpu.uuid.starts_with(item)));
+    bool hit =
+        index ? gpu.pci_index == *index
+              : !gpu.uuid.empty() &&
+                    (gpu.uuid == item || (item.starts_with("GPU-") && gpu.uuid.starts_with(item)));
     if (hit) found.push_back(&gpu);
   }
   return found;
@@ -167,8 +169,9 @@ void annotate_with_driver_uuids(std::vector<GpuDevice>& gpus, const fs::path& pr
       if (key == "Bus Location") bus_id = value;
     }
     // A container without the driver's rights reads "GPU-????..."; no UUID beats a wrong one.
-    const bool well_formed = uuid.starts_with("GPU-") && uuid.size() > 4 &&
-                             uuid.find_first_not_of("0123456789abcdefABCDEF-", 4) == std::string::npos;
+    const bool well_formed =
+        uuid.starts_with("GPU-") && uuid.size() > 4 &&
+        uuid.find_first_not_of("0123456789abcdefABCDEF-", 4) == std::string::npos;
     if (!well_formed) continue;
     const std::string normalised = normalise_bus_id(bus_id);
     for (GpuDevice& gpu : gpus)
@@ -203,8 +206,9 @@ std::optional<std::vector<int>> parse_cpulist(const std::string& text) {
   for (std::string item; std::getline(in, item, ',');) {
     auto dash = item.find('-');
     auto first = parse_number(std::string_view(item).substr(0, dash), 10);
-    auto last = dash == std::string::npos ? first
-                                          : parse_number(std::string_view(item).substr(dash + 1), 10);
+    auto last = dash == std::string::npos
+                    ? first
+                    : parse_number(std::string_view(item).substr(dash + 1), 10);
     if (!first || !last || *first < 0 || *last < *first || *last > kMaxCpu) return std::nullopt;
     for (long cpu = *first; cpu <= *last; ++cpu) cpus.push_back(static_cast<int>(cpu));
   }
@@ -228,7 +232,8 @@ std::vector<GpuDevice> discover_gpus(const fs::path& sysfs) {
     gpu.bus_id = lowercase(dir.filename().string());
     gpu.numa_node = read_int(dir / "numa_node", -1);
     if (gpu.numa_node < -1) gpu.numa_node = -1;
-    gpu.local_cpus = parse_cpulist(read_attribute(dir / "local_cpulist")).value_or(std::vector<int>{});
+    gpu.local_cpus =
+        parse_cpulist(read_attribute(dir / "local_cpulist")).value_or(std::vector<int>{});
     gpu.pci_parents = pci_parents_of(dir);
     gpu.link_width = read_int(dir / "current_link_width", 0);
     gpu.max_link_width = read_int(dir / "max_link_width", 0);
@@ -242,7 +247,8 @@ std::vector<GpuDevice> discover_gpus(const fs::path& sysfs) {
   return gpus;
 }
 
-TopologyOrder topology_order(std::vector<GpuDevice> gpus, const std::optional<std::string>& allowed) {
+TopologyOrder topology_order(std::vector<GpuDevice> gpus,
+                             const std::optional<std::string>& allowed) {
   TopologyOrder order;
   if (allowed) {
     std::vector<GpuDevice> chosen;

@@ -12,14 +12,14 @@ namespace mcprun {
 
 /// One NVIDIA GPU as seen on the PCI bus; enough to pin a worker to it and to order it.
 struct GpuDevice {
-  std::string bus_id;                    ///< PCI address, lowercase "0000:3b:00.0".
-  int pci_index = 0;                     ///< Index in PCI bus order: what CUDA_DEVICE_ORDER=PCI_BUS_ID numbers it.
-  int numa_node = -1;                    ///< -1 when the kernel reports no NUMA affinity.
-  std::vector<int> local_cpus;           ///< From local_cpulist; empty when unknown.
-  std::vector<std::string> pci_parents;  ///< Bridges/switches above the GPU, root first.
-  std::string uuid;                      ///< "GPU-..." from the driver; empty without one.
-  int link_width = 0, max_link_width = 0;     ///< PCIe lanes now / at most (0 = unknown).
-  std::string link_speed, max_link_speed;     ///< e.g. "16.0 GT/s PCIe" (empty = unknown).
+  std::string bus_id;  ///< PCI address, lowercase "0000:3b:00.0".
+  int pci_index = 0;   ///< Index in PCI bus order: what CUDA_DEVICE_ORDER=PCI_BUS_ID numbers it.
+  int numa_node = -1;  ///< -1 when the kernel reports no NUMA affinity.
+  std::vector<int> local_cpus;             ///< From local_cpulist; empty when unknown.
+  std::vector<std::string> pci_parents;    ///< Bridges/switches above the GPU, root first.
+  std::string uuid;                        ///< "GPU-..." from the driver; empty without one.
+  int link_width = 0, max_link_width = 0;  ///< PCIe lanes now / at most (0 = unknown).
+  std::string link_speed, max_link_speed;  ///< e.g. "16.0 GT/s PCIe" (empty = unknown).
 
   /// The switch a GPU hangs under: its nearest upstream bridge, which neighbours share.
   std::string switch_id() const;
@@ -40,7 +40,8 @@ std::filesystem::path proc_root();
 /// Fills each GPU's uuid from <proc>/driver/nvidia/gpus/<bus id>/information (its `GPU UUID:` and
 /// `Bus Location:` lines), which the driver publishes without NVML: loading NVML would cost a
 /// launch ~9 ms and ~18 MB. A GPU the driver does not list keeps an empty uuid.
-void annotate_with_driver_uuids(std::vector<GpuDevice>& gpus, const std::filesystem::path& proc = proc_root());
+void annotate_with_driver_uuids(std::vector<GpuDevice>& gpus,
+                                const std::filesystem::path& proc = proc_root());
 
 /// "00000000:3B:00.0" (NVML) or "0000:3b:00.0" (sysfs, /proc) -> "0000:3b:00.0": one spelling to
 /// compare; text that is no bus id comes back lowercased.

@@ -3,7 +3,8 @@
 namespace mcprun {
 
 const std::string& mcprun_version() {
-  // MCPRUN_VERSION is set on this file alone (common/CMakeLists.txt): a new version rebuilds it only.
+  // MCPRUN_VERSION is set on this file alone (common/CMakeLists.txt): a new version rebuilds it
+  // only.
   static const std::string version = MCPRUN_VERSION;
   return version;
 }

@@ -4,8 +4,8 @@
 #include <fstream>
 
 #include "common/logging.hpp"
-#include "launcher/watch/stall_report.hpp"
 #include "launcher/supervise/failure_report.hpp"
+#include "launcher/watch/stall_report.hpp"
 
 namespace mcprun {
 namespace {
@@ -14,20 +14,23 @@ namespace {
 /// stall is often its first sign.
 void say_stragglers_before_the_end(const StallWatch& watch) {
   for (const StragglerEpisode& straggler : watch.stragglers())
-    spdlog::warn("before the end, rank {} was named a straggler ({} to {}): last at {:.0f}% of "
-                 "the {} on group {}, {:.0f} ms behind; {}",
-                 straggler.rank, utc_timestamp(straggler.first_seen), utc_timestamp(straggler.last_seen),
-                 100 * straggler.share, straggler.step_s > 0 ? "steps" : "collectives", straggler.group,
-                 1000 * straggler.median_lag_s, straggler.cause);
+    spdlog::warn(
+        "before the end, rank {} was named a straggler ({} to {}): last at {:.0f}% of "
+        "the {} on group {}, {:.0f} ms behind; {}",
+        straggler.rank, utc_timestamp(straggler.first_seen), utc_timestamp(straggler.last_seen),
+        100 * straggler.share, straggler.step_s > 0 ? "steps" : "collectives", straggler.group,
+        1000 * straggler.median_lag_s, straggler.cause);
   for (const SlowCollective& slow : watch.slow_collectives())
-    spdlog::warn("before the end, {} of {} on group {} was named slow ({} to {}): {:.3g} GB/s, "
-                 "{:.3g} GB/s before",
-                 slow.op, slow.size, slow.group, utc_timestamp(slow.first_seen),
-                 utc_timestamp(slow.last_seen), slow.busbw_now / 1e9, slow.busbw_before / 1e9);
+    spdlog::warn(
+        "before the end, {} of {} on group {} was named slow ({} to {}): {:.3g} GB/s, "
+        "{:.3g} GB/s before",
+        slow.op, slow.size, slow.group, utc_timestamp(slow.first_seen),
+        utc_timestamp(slow.last_seen), slow.busbw_now / 1e9, slow.busbw_before / 1e9);
 }
 
 /// Points a failure or stall report at each rank's NCCL log, under --nccl-debug.
-void name_nccl_logs(const LaunchConfig& config, const AttemptResult& result, const AttemptFiles& files) {
+void name_nccl_logs(const LaunchConfig& config, const AttemptResult& result,
+                    const AttemptFiles& files) {
   if (!config.nccl_debug) return;
   std::fputs("NCCL debug logs (--nccl-debug):\n", stderr);
   for (const WorkerOutcome& worker : result.workers)
@@ -46,7 +49,8 @@ HintJob hint_job(const NodeFacts& node, const std::map<int, int>& pids) {
   if (auto visible = node.inherited.find("CUDA_VISIBLE_DEVICES"); visible != node.inherited.end())
     job.inherited_visible_devices = visible->second;
   for (const Environment* env : {&plan.extra_env, &node.inherited})  // The user's value wins.
-    if (auto set = env->find("NCCL_SOCKET_IFNAME"); set != env->end()) job.socket_interface = set->second;
+    if (auto set = env->find("NCCL_SOCKET_IFNAME"); set != env->end())
+      job.socket_interface = set->second;
   job.master_port = plan.job.master_port;
   for (const RankSlot& slot : plan.slots) {
     HintRank& rank = job.ranks[slot.identity.rank];
@@ -75,14 +79,16 @@ void report_worker_failure(const NodeFacts& node, const AttemptResult& result,
   const WorkerOutcome& root = result.workers[result.first_failure];
   HintJob job = hint_job(node, pids);
   for (const WorkerOutcome& worker : result.workers) {
-    if (!worker.failed() && !worker.stopped_by_launcher) job.finished_at[worker.rank] = worker.exit_time;
+    if (!worker.failed() && !worker.stopped_by_launcher)
+      job.finished_at[worker.rank] = worker.exit_time;
     // Still in its interpreter's teardown when mcprun stopped it, its script long done.
     if (auto exiting = last_seen.exiting.find(worker.rank);
         worker.stopped_by_launcher && exiting != last_seen.exiting.end())
       job.exiting_at[worker.rank] = exiting->second;
   }
   job.failed_at = root.exit_time;
-  const std::string hint = failure_hint(root.rank, failure_text(root), job, node.probes).value_or("");
+  const std::string hint =
+      failure_hint(root.rank, failure_text(root), job, node.probes).value_or("");
   summary.set_hint(hint);
   summary.set_early_finisher(early_finisher(root.rank, failure_text(root), job));
   std::fputs(format_failure_report(result.workers, result.first_failure, node.host, restart_count,

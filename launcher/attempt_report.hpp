@@ -14,8 +14,8 @@
 #include "launcher/diagnose/failure_hints.hpp"
 #include "launcher/plan/rank_plan.hpp"
 #include "launcher/report/run_summary.hpp"
-#include "launcher/watch/stall_watch.hpp"
 #include "launcher/supervise/worker_group.hpp"
+#include "launcher/watch/stall_watch.hpp"
 
 namespace mcprun {
 

@@ -18,15 +18,15 @@
 #include "common/prometheus_text.hpp"
 #include "common/protocol.hpp"
 #include "common/sys.hpp"
-#include "launcher/plan/descriptor_budget.hpp"
-#include "launcher/supervise/failure_report.hpp"
-#include "launcher/supervise/output_relay.hpp"
-#include "launcher/commands/operator_command.hpp"
-#include "launcher/watch/stall_report.hpp"
 #include "launcher/attempt_report.hpp"
+#include "launcher/commands/operator_command.hpp"
+#include "launcher/plan/descriptor_budget.hpp"
 #include "launcher/preflight_run.hpp"
 #include "launcher/rendezvous/node_join.hpp"
 #include "launcher/run_directory.hpp"
+#include "launcher/supervise/failure_report.hpp"
+#include "launcher/supervise/output_relay.hpp"
+#include "launcher/watch/stall_report.hpp"
 
 namespace mcprun {
 
@@ -107,7 +107,8 @@ std::optional<int> Launch::lease_gpus(std::vector<GpuDevice>& gpus) {
   std::erase_if(gpus, [&](const GpuDevice& gpu) {
     return std::find(granted.gpus.begin(), granted.gpus.end(), gpu.bus_id) == granted.gpus.end();
   });
-  spdlog::info("leased from rendezvousd: {} GPU(s), master port {}", granted.gpus.size(), granted.port);
+  spdlog::info("leased from rendezvousd: {} GPU(s), master port {}", granted.gpus.size(),
+               granted.port);
   leased_port_ = granted.port;
   lease_holder_ = std::move((*lease)->holder);
   return std::nullopt;
@@ -168,10 +169,13 @@ std::optional<int> Launch::prepare_supervision() {
   if (auto it = inherited_.find(kInitBarrierVariable);
       it != inherited_.end() && it->second == "0" && stall.init_timeout > 0) {
     stall.torch_init_barrier = false;
-    spdlog::info("{}=0: torch 2.x runs no init barrier, so --init-timeout waits for every rank to "
-                 "publish its process-group address instead", kInitBarrierVariable);
+    spdlog::info(
+        "{}=0: torch 2.x runs no init barrier, so --init-timeout waits for every rank to "
+        "publish its process-group address instead",
+        kInitBarrierVariable);
   }
-  watch_ = std::make_unique<StallWatch>(io_, stall, host_, run_dir_->runtime_dir(), config_.node_name);
+  watch_ =
+      std::make_unique<StallWatch>(io_, stall, host_, run_dir_->runtime_dir(), config_.node_name);
   add_supervision_env(*plan_, run_dir_->runtime_dir(), config_.stall.collective_timeout > 0,
                       inherited_);
   group_ = std::make_unique<WorkerGroup>(io_, control_, *plan_, config_, inherited_);
@@ -197,7 +201,8 @@ std::optional<int> Launch::serve_metrics() {
   if (!listen) return usage_error("--metrics-port " + listen.error().message);
   try {
     metrics_.emplace(io_, *listen, [this] {
-      return render_node_metrics(node_metrics_now(group_->status(), attempt_, watch_->straggler_watch()));
+      return render_node_metrics(
+          node_metrics_now(group_->status(), attempt_, watch_->straggler_watch()));
     });
   } catch (const boost::system::system_error& error) {
     spdlog::error("--metrics-port {}: cannot listen there: {}", config_.metrics_port,
@@ -205,7 +210,8 @@ std::optional<int> Launch::serve_metrics() {
     return kExitFailure;
   }
   const auto bound = metrics_->local_endpoint();  // Port 0 asked for any free one.
-  spdlog::info("metrics: http://{}/metrics", Endpoint{bound.address().to_string(), bound.port(), ""}.text());
+  spdlog::info("metrics: http://{}/metrics",
+               Endpoint{bound.address().to_string(), bound.port(), ""}.text());
   return std::nullopt;
 }
 
@@ -225,8 +231,8 @@ std::optional<int> Launch::join_round(int restart_count) {
                config_.rdzv_endpoint, config_.nnodes, config_.join_timeout);
   // The daemon times the round out itself; our limit only covers a daemon that went silent.
   auto joined = client->join(
-      join_, std::chrono::milliseconds(static_cast<long>(config_.join_timeout * 1000)) +
-                 kConnectTimeout);
+      join_,
+      std::chrono::milliseconds(static_cast<long>(config_.join_timeout * 1000)) + kConnectTimeout);
   if (!joined) {
     spdlog::error("{}", joined.error().message);
     return client->job_closed() ? code_without_restart_ : kExitRendezvous;
@@ -254,7 +260,8 @@ std::optional<int> Launch::run_preflight() {
        *group_, *run_dir_, store_.get(), *watch_, summary_, timed_out_});
   in_preflight_ = false;
   if (outcome.judged_failed) {
-    if (rendezvous_) rendezvous_->report_failure("the preflight failed on " + host_, kExitPreflightFailed);
+    if (rendezvous_)
+      rendezvous_->report_failure("the preflight failed on " + host_, kExitPreflightFailed);
     serve_remaining_nodes(kFailurePassOnTimeout);
   }
   return outcome.exit_code;
@@ -305,7 +312,8 @@ std::optional<int> Launch::conclude(const AttemptResult& result, int attempt, in
     case AttemptResult::End::kPeerStopped:
       if (timed_out_) {
         spdlog::error("stopped every worker: {}", result.peer_reason);
-        if (rendezvous_) rendezvous_->report_failure("the job timed out on " + host_, kExitJobTimeout);
+        if (rendezvous_)
+          rendezvous_->report_failure("the job timed out on " + host_, kExitJobTimeout);
         return kExitJobTimeout;
       }
       if (membership_change_) {  // Scaling up is not a failure and spends no restart.
@@ -325,20 +333,23 @@ std::optional<int> Launch::conclude(const AttemptResult& result, int attempt, in
     case AttemptResult::End::kWorkerFailed:
       // Slurm signals every process of the step: a worker may die of its SIGTERM before mcprun
       // handles its own.
-      if (config_.under_slurm && exit_code_for(result.workers[result.first_failure]) ==
-                                     exit_code_for_signal(SIGTERM))
+      if (config_.under_slurm &&
+          exit_code_for(result.workers[result.first_failure]) == exit_code_for_signal(SIGTERM))
         return cancelled_by_slurm();
       break;
   }
   report_worker_failure(node_facts(), result, run_dir_->attempt(attempt), restart_count, last_seen_,
                         *watch_, summary_);
-  return end_or_restart(exit_code_for(result.workers[result.first_failure]), restart_count, "", true);
+  return end_or_restart(exit_code_for(result.workers[result.first_failure]), restart_count, "",
+                        true);
 }
 
-std::optional<int> Launch::conclude_stall(const AttemptResult& result, int attempt, int restart_count) {
+std::optional<int> Launch::conclude_stall(const AttemptResult& result, int attempt,
+                                          int restart_count) {
   // The other nodes sent their ranks before dumping stacks; a node that died says nothing.
   const size_t other_nodes = static_cast<size_t>(plan_->job.group_world_size - 1);
-  run_until(io_, [&] { return reported_nodes_.size() >= other_nodes; }, kStallReportTimeout);
+  run_until(
+      io_, [&] { return reported_nodes_.size() >= other_nodes; }, kStallReportTimeout);
   run_dir_->keep();
   report_stall(node_facts(), result, run_dir_->attempt(attempt), *watch_, summary_);
   return end_or_restart(kExitStalled, restart_count, "after the stall", true);
@@ -357,23 +368,29 @@ std::optional<int> Launch::end_or_restart(int code, int restart_count, std::stri
 }
 
 int Launch::cancelled_by_slurm() {
-  spdlog::error("cancelled by Slurm (SIGTERM: scancel, the time limit or preemption): stopped "
-                "every worker on {}; exit {}", host_, static_cast<int>(kExitSlurmCancelled));
-  if (rendezvous_) rendezvous_->report_failure("Slurm cancelled the job on " + host_, kExitSlurmCancelled);
+  spdlog::error(
+      "cancelled by Slurm (SIGTERM: scancel, the time limit or preemption): stopped "
+      "every worker on {}; exit {}",
+      host_, static_cast<int>(kExitSlurmCancelled));
+  if (rendezvous_)
+    rendezvous_->report_failure("Slurm cancelled the job on " + host_, kExitSlurmCancelled);
   return kExitSlurmCancelled;
 }
 
 bool Launch::job_closed() {
   if (!rendezvous_) return false;
-  rendezvous_->await_failure_noted(kFailurePassOnTimeout);  // When this node's failure ended the round.
-  io_.poll();  // The word on a round another node ended came with that end.
+  rendezvous_->await_failure_noted(
+      kFailurePassOnTimeout);  // When this node's failure ended the round.
+  io_.poll();                  // The word on a round another node ended came with that end.
   if (!rendezvous_->job_closed()) return false;
   spdlog::error("rendezvous: {}", *rendezvous_->job_closed());
   return true;
 }
 
 void Launch::serve_remaining_nodes(std::chrono::seconds limit) {
-  if (embedded_) run_until(io_, [&] { return embedded_->job_finished(config_.rdzv_id); }, limit);
+  if (embedded_)
+    run_until(
+        io_, [&] { return embedded_->job_finished(config_.rdzv_id); }, limit);
 }
 
 }  // namespace mcprun

@@ -12,20 +12,20 @@
 #include <vector>
 
 #include "common/exit_status.hpp"
+#include "common/metrics_http.hpp"
 #include "common/topology.hpp"
-#include "launcher/config/launch_config.hpp"
 #include "launcher/attempt_report.hpp"
+#include "launcher/config/launch_config.hpp"
 #include "launcher/diagnose/failure_hints.hpp"
 #include "launcher/plan/port_reservation.hpp"
-#include "launcher/process/process_control.hpp"
 #include "launcher/plan/rank_plan.hpp"
+#include "launcher/process/process_control.hpp"
 #include "launcher/rendezvous/rendezvous_client.hpp"
 #include "launcher/report/collective_picture.hpp"
 #include "launcher/report/node_metrics.hpp"
 #include "launcher/report/run_summary.hpp"
-#include "launcher/watch/stall_watch.hpp"
 #include "launcher/supervise/worker_group.hpp"
-#include "common/metrics_http.hpp"
+#include "launcher/watch/stall_watch.hpp"
 #include "rendezvous/rendezvous_server.hpp"
 
 namespace mcprun {
@@ -60,7 +60,8 @@ class Launch {
   /// --metrics-port: listens, or ends the launch with one line (in use, not an address).
   std::optional<int> serve_metrics();
   /// collectives.html in the run folder, where this node lines up the ranks' collectives.
-  void draw_collectives(const std::string& title, const std::string& note, const std::set<int>& missing);
+  void draw_collectives(const std::string& title, const std::string& note,
+                        const std::set<int>& missing);
   /// --preflight before the first attempt (preflight_run.hpp); an exit code when a fault must
   /// stop the launch, which the other nodes then hear of.
   std::optional<int> run_preflight();
@@ -102,7 +103,7 @@ class Launch {
   Environment inherited_;
   boost::asio::io_context io_;
   std::unique_ptr<RendezvousClient> lease_holder_;  ///< Holds the GPU lease while it lives.
-  int leased_port_ = 0;  ///< The master port rendezvousd leased, or 0.
+  int leased_port_ = 0;                             ///< The master port rendezvousd leased, or 0.
   std::optional<PortReservation> reservation_;
   long descriptor_limit_ = 0;  ///< RLIMIT_NOFILE once raised: what the plan must fit in.
   std::optional<RankPlan> plan_;

@@ -22,7 +22,8 @@ void Launch::tell_other_nodes_of_failures_and_stalls() {
     group_->on_first_failure([this](const WorkerOutcome& worker) {
       if (in_preflight_) return;
       rendezvous_->report_failure("rank " + std::to_string(worker.rank) + " on " + host_ +
-                                      " failed with " + describe_exit(worker.exit_code, worker.signal),
+                                      " failed with " +
+                                      describe_exit(worker.exit_code, worker.signal),
                                   exit_code_for(worker));
     });
   }
@@ -60,7 +61,8 @@ PeerEvents Launch::peer_events() {
   // Only the store's host watches the records; every node's console names the straggler.
   events.on_straggler = [this](const std::string& line) {
     spdlog::warn("{}", printable_text(line));
-    if (line.starts_with("slow collective:")) watch_->check_links();  // Is this node's link the slow one?
+    if (line.starts_with("slow collective:"))
+      watch_->check_links();  // Is this node's link the slow one?
   };
   events.on_stall_report = [this](const nlohmann::json& message) {
     reported_nodes_.insert(message.value("node", std::string("?")));
@@ -68,8 +70,8 @@ PeerEvents Launch::peer_events() {
       for (const auto& rank : message.at("ranks"))
         summary_.stall_ranks.push_back(rank_progress_from_json(rank));
     } catch (const std::exception& bad) {
-      spdlog::warn("node {} sent a malformed stall report: {}", message.value("node", std::string("?")),
-                   bad.what());
+      spdlog::warn("node {} sent a malformed stall report: {}",
+                   message.value("node", std::string("?")), bad.what());
     }
   };
   events.on_barrier_done = [this](const std::string& name) { watch_->complete_barrier(name); };

@@ -1,4 +1,5 @@
-// mcprun: a subcommand (jobs, status, stop, topo, store, doctor, hostnames), or torchrun's flags and a Launch.
+// mcprun: a subcommand (jobs, status, stop, topo, store, doctor, hostnames), or torchrun's flags
+// and a Launch.
 #include <signal.h>
 #include <spdlog/spdlog.h>
 
@@ -12,13 +13,13 @@
 #include "common/sys.hpp"
 #include "common/topology.hpp"
 #include "launcher/commands/doctor.hpp"
-#include "launcher/launch.hpp"
-#include "launcher/config/launch_config.hpp"
 #include "launcher/commands/operator_command.hpp"
-#include "launcher/report/run_summary.hpp"
-#include "launcher/config/slurm.hpp"
 #include "launcher/commands/store_command.hpp"
+#include "launcher/config/launch_config.hpp"
+#include "launcher/config/slurm.hpp"
+#include "launcher/launch.hpp"
 #include "launcher/process/process_control.hpp"
+#include "launcher/report/run_summary.hpp"
 
 namespace mcprun {
 namespace {
@@ -65,7 +66,8 @@ int run_collectives_check(std::vector<std::string> args) {
     if (arg == "--preflight" || arg.starts_with("--preflight="))
       return usage_error("mcprun doctor --collectives runs the preflight itself: drop " + arg);
   const auto no_op = find_executable("true", search_path_of(current_environment()));
-  if (!no_op) return usage_error("mcprun doctor --collectives: no 'true' on PATH to run after the check");
+  if (!no_op)
+    return usage_error("mcprun doctor --collectives: no 'true' on PATH to run after the check");
   args.insert(args.end(), {"--preflight=fail", "--no-python", *no_op});
   const int code = run_launch(args);
   return code == kExitPreflightFailed ? kExitFailure : code;
@@ -80,7 +82,8 @@ int main(int argc, char** argv) {
   ::signal(SIGPIPE, SIG_IGN);
   std::vector<std::string> args(argv + 1, argv + argc);
   try {
-    if (!args.empty() && (args.front() == "jobs" || args.front() == "status" || args.front() == "stop")) {
+    if (!args.empty() &&
+        (args.front() == "jobs" || args.front() == "status" || args.front() == "stop")) {
       init_logging("mcprun", false);
       return run_operator_command(args);
     }

@@ -1,8 +1,8 @@
 #include "launcher/preflight_run.hpp"
 
-#include <boost/asio/steady_timer.hpp>
 #include <fmt/format.h>
 
+#include <boost/asio/steady_timer.hpp>
 #include <cstdio>
 #include <fstream>
 
@@ -28,8 +28,9 @@ std::optional<int> preflight_pass(const PreflightJob& job, const std::string& py
   std::error_code ec;
   std::filesystem::create_directories(files.attempt_dir, ec);
   const auto bound = std::chrono::milliseconds(static_cast<long>(budget.bound_s * 1000));
-  const PreflightPass pass{number, files.attempt_dir / "report.json", files.attempt_dir / "node.json",
-                           std::chrono::steady_clock::now() + bound, job.config.preflight_min_busbw};
+  const PreflightPass pass{
+      number, files.attempt_dir / "report.json", files.attempt_dir / "node.json",
+      std::chrono::steady_clock::now() + bound, job.config.preflight_min_busbw};
   std::ofstream(pass.node_file) << preflight_node(job.plan, job.node);
 
   // The same ranks, pinning, binding and environment as the script, running the check instead.
@@ -41,8 +42,9 @@ std::optional<int> preflight_pass(const PreflightJob& job, const std::string& py
   stop_at_bound.async_wait([&](boost::system::error_code error) {
     if (error) return;
     overran = true;
-    job.group.request_stop(fmt::format("the preflight ran past its bound of {:g} s", budget.bound_s),
-                           kExitPreflightFailed);
+    job.group.request_stop(
+        fmt::format("the preflight ran past its bound of {:g} s", budget.bound_s),
+        kExitPreflightFailed);
   });
   const AttemptResult result = job.group.run_attempt(0, files, &check);
   stop_at_bound.cancel();
@@ -77,13 +79,18 @@ std::optional<int> preflight_pass(const PreflightJob& job, const std::string& py
 PreflightOutcome run_preflight_check(const PreflightJob& job) {
   const auto python = find_executable(worker_python(job.inherited), search_path_of(job.inherited));
   if (!python || !python_helper_dir()) {
-    spdlog::error("--preflight needs python ({}) and mcprun's python folder next to mcprun "
-                  "(share/mcprun/python)", python.value_or(worker_python(job.inherited)));
+    spdlog::error(
+        "--preflight needs python ({}) and mcprun's python folder next to mcprun "
+        "(share/mcprun/python)",
+        python.value_or(worker_python(job.inherited)));
     return {kExitFailure};
   }
-  const PreflightBudget budget = preflight_budget(job.config.preflight_timeout, job.plan.job.world_size);
-  spdlog::info("preflight: checking {} rank(s) before the script, within {:g} s (step deadline "
-               "{:g} s)", job.plan.job.world_size, budget.bound_s, budget.step_s);
+  const PreflightBudget budget =
+      preflight_budget(job.config.preflight_timeout, job.plan.job.world_size);
+  spdlog::info(
+      "preflight: checking {} rank(s) before the script, within {:g} s (step deadline "
+      "{:g} s)",
+      job.plan.job.world_size, budget.bound_s, budget.step_s);
   nlohmann::json report;
   if (auto code = preflight_pass(job, *python, budget, 0, {}, report)) return {code};
   if (!report.value("ok", false) && report.value("backend", std::string()) == "nccl" &&
@@ -98,14 +105,15 @@ PreflightOutcome run_preflight_check(const PreflightJob& job) {
       report["retries"][variable] = retry.value("ok", false);
     }
     report["transport"] = nccl_transport_finding(report["retries"]);
-    report["text"] = report.value("text", std::string()) + "mcprun preflight: " +
-                     report["transport"].get<std::string>() + "\n";
+    report["text"] = report.value("text", std::string()) +
+                     "mcprun preflight: " + report["transport"].get<std::string>() + "\n";
   }
   std::fputs(report.value("text", std::string()).c_str(), stderr);
   report.erase("text");
   const bool ok = report.value("ok", false);
   // Its largest all-reduce: the floor under which the bandwidth watch calls one slow.
-  if (const auto floor = preflight_floor(report)) job.watch.set_bandwidth_floor(floor->first, floor->second);
+  if (const auto floor = preflight_floor(report))
+    job.watch.set_bandwidth_floor(floor->first, floor->second);
   job.summary.set_preflight(std::move(report));
   if (ok) return {};
   if (job.config.preflight == LaunchConfig::Preflight::kWarn) {

@@ -4,7 +4,6 @@
 #pragma once
 
 #include <boost/asio/io_context.hpp>
-
 #include <optional>
 #include <string>
 
@@ -12,9 +11,9 @@
 #include "launcher/plan/rank_plan.hpp"
 #include "launcher/report/run_summary.hpp"
 #include "launcher/run_directory.hpp"
-#include "launcher/watch/stall_watch.hpp"
 #include "launcher/store/tcp_store.hpp"
 #include "launcher/supervise/worker_group.hpp"
+#include "launcher/watch/stall_watch.hpp"
 
 namespace mcprun {
 
@@ -24,12 +23,13 @@ struct PreflightJob {
   const LaunchConfig& config;
   const RankPlan& plan;
   const Environment& inherited;
-  std::string node;       ///< This node's name in the report's table.
+  std::string node;  ///< This node's name in the report's table.
   WorkerGroup& group;
   RunDirectory& run_dir;
-  TcpStoreServer* store;  ///< The job store on its node, whose preflight keys are erased; else null.
-  StallWatch& watch;      ///< Gets the check's largest all-reduce as its bandwidth floor.
-  RunSummary& summary;    ///< Gets the report.
+  TcpStoreServer*
+      store;            ///< The job store on its node, whose preflight keys are erased; else null.
+  StallWatch& watch;    ///< Gets the check's largest all-reduce as its bandwidth floor.
+  RunSummary& summary;  ///< Gets the report.
   const bool& timed_out;  ///< --timeout passed meanwhile.
 };
 

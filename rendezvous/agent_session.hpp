@@ -5,11 +5,10 @@
 
 #include <sys/types.h>
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <chrono>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 
@@ -26,7 +25,8 @@ class AgentSession;
 class SessionHost {
  public:
   virtual const ServerSettings& settings() const = 0;
-  virtual void on_message(const std::shared_ptr<AgentSession>& session, const nlohmann::json& message) = 0;
+  virtual void on_message(const std::shared_ptr<AgentSession>& session,
+                          const nlohmann::json& message) = 0;
   virtual void on_closed(const std::shared_ptr<AgentSession>& session) = 0;
 
  protected:
@@ -66,7 +66,7 @@ class AgentSession : public FramedSession {
   std::string job_id, node;
   uint64_t lease_id = 0;  ///< The GPUs and port this connection holds; 0: none.
   uint64_t generation = 0;
-  bool done = false;  ///< The node reported that its workers all succeeded.
+  bool done = false;           ///< The node reported that its workers all succeeded.
   bool shows_progress = true;  ///< Its join asked for a forming round's progress.
 
   /// Paces the agent's heartbeats, never faster than before (one may be due at the old pace),

@@ -15,7 +15,7 @@ namespace mcprun {
 struct Lease {
   std::vector<std::string> gpus;  ///< PCI bus ids, in topology order.
   int port = 0;
-  std::string holder;             ///< "alice (uid 1000), job x": for messages naming who holds what.
+  std::string holder;  ///< "alice (uid 1000), job x": for messages naming who holds what.
 };
 
 class LeaseBook {

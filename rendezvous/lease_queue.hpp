@@ -4,7 +4,6 @@
 #pragma once
 
 #include <boost/asio/steady_timer.hpp>
-
 #include <cstdint>
 #include <deque>
 #include <functional>

@@ -1,7 +1,6 @@
 // `mcprun jobs`, `mcprun status ID` and `mcprun stop ID`: what the daemon tells an operator.
-#include <pwd.h>
-
 #include <fmt/format.h>
+#include <pwd.h>
 
 #include "common/exit_status.hpp"
 #include "common/protocol.hpp"
@@ -36,7 +35,8 @@ void RendezvousServer::handle_operator(const std::shared_ptr<AgentSession>& sess
   if (!session->uid) {
     // Over TCP an operator is whoever holds the token; without one, nobody is.
     if (settings_.token.empty())
-      return session->refuse("'" + type + "' needs the daemon's unix socket, or a daemon with a token");
+      return session->refuse("'" + type +
+                             "' needs the daemon's unix socket, or a daemon with a token");
     if (!tokens_equal(request.token, settings_.token))
       return session->refuse("authentication failed: wrong or missing token");
   }
@@ -71,7 +71,8 @@ void RendezvousServer::handle_operator(const std::shared_ptr<AgentSession>& sess
     status["max_nodes"] = job.settings.max_nodes;
     nlohmann::json nodes = nlohmann::json::array();
     for (const auto& [name, member] : job.members)
-      nodes.push_back({{"node", name}, {"connected", !member.expired()},
+      nodes.push_back({{"node", name},
+                       {"connected", !member.expired()},
                        {"done", job.done_nodes.contains(name)}});
     status["members"] = nodes;
     if (job.running && job.round && job.round->state() == RendezvousRound::State::kComplete) {
@@ -79,8 +80,11 @@ void RendezvousServer::handle_operator(const std::shared_ptr<AgentSession>& sess
       status["master"] = fmt::format("{}:{}", result.master_addr, result.master_port);
       nlohmann::json placement = nlohmann::json::array();
       for (const NodeAssignment& node : result.nodes)
-        placement.push_back({{"node", node.node}, {"addr", node.addr}, {"group_rank", node.group_rank},
-                             {"ranks", fmt::format("{}-{}", node.rank_offset, node.rank_offset + node.nproc - 1)}});
+        placement.push_back(
+            {{"node", node.node},
+             {"addr", node.addr},
+             {"group_rank", node.group_rank},
+             {"ranks", fmt::format("{}-{}", node.rank_offset, node.rank_offset + node.nproc - 1)}});
       status["placement"] = placement;
     }
     return session->reply_and_close({{"type", "status"}, {"job", status}});
@@ -91,7 +95,9 @@ void RendezvousServer::handle_operator(const std::shared_ptr<AgentSession>& sess
   const std::string reason = "stopped by " + who + " with mcprun stop";
   spdlog::warn("job {}: {}", id, reason);
   if (job.running)
-    broadcast(job, {{"type", "failed"}, {"node", "rendezvousd"}, {"reason", reason},
+    broadcast(job, {{"type", "failed"},
+                    {"node", "rendezvousd"},
+                    {"reason", reason},
                     {"exit_code", exit_code_for_signal(SIGTERM)}});
   else
     broadcast(job, {{"type", "error"}, {"message", "job " + id + " was " + reason}});

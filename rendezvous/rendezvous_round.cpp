@@ -10,7 +10,8 @@ RoundResult assign_ranks(std::vector<NodeInfo> nodes, const std::vector<std::str
     std::vector<std::pair<int, std::string>> labels;  // (0 = has label, value); 1 sorts after.
     for (const auto& name : precedence) {
       auto it = node.labels.find(name);
-      labels.emplace_back(it == node.labels.end() ? 1 : 0, it == node.labels.end() ? "" : it->second);
+      labels.emplace_back(it == node.labels.end() ? 1 : 0,
+                          it == node.labels.end() ? "" : it->second);
     }
     return std::tuple(labels, node.addr, node.node);
   };
@@ -35,7 +36,8 @@ RoundResult assign_ranks(std::vector<NodeInfo> nodes, const std::vector<std::str
   RoundResult result;
   for (size_t rank = 0; rank < slots.size(); ++rank) {
     const NodeInfo& node = *slots[rank];
-    result.nodes.push_back({node.node, node.addr, static_cast<int>(rank), result.world_size, node.nproc});
+    result.nodes.push_back(
+        {node.node, node.addr, static_cast<int>(rank), result.world_size, node.nproc});
     result.world_size += node.nproc;
   }
   if (!slots.empty()) {
@@ -109,13 +111,13 @@ std::string RendezvousRound::timeout_message() const {
   std::sort(names.begin(), names.end());
   std::string joined;
   for (const auto& name : names) joined += (joined.empty() ? "" : ", ") + name;
-  const std::string expected = settings_.min_nodes == settings_.max_nodes
-                                   ? std::to_string(settings_.max_nodes)
-                                   : std::to_string(settings_.min_nodes) + ":" +
-                                         std::to_string(settings_.max_nodes);
+  const std::string expected =
+      settings_.min_nodes == settings_.max_nodes
+          ? std::to_string(settings_.max_nodes)
+          : std::to_string(settings_.min_nodes) + ":" + std::to_string(settings_.max_nodes);
   const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(settings_.join_timeout);
-  return "timed out after " + std::to_string(seconds.count()) + " s: " +
-         std::to_string(nodes_.size()) + " of " + expected + " nodes joined" +
+  return "timed out after " + std::to_string(seconds.count()) +
+         " s: " + std::to_string(nodes_.size()) + " of " + expected + " nodes joined" +
          (joined.empty() ? "" : ": " + joined);
 }
 

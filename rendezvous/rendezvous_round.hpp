@@ -49,8 +49,8 @@ struct NodeAssignment {
 struct RoundResult {
   std::vector<NodeAssignment> nodes;  ///< In group-rank order.
   int world_size = 0;
-  std::string master_addr;            ///< Group rank 0's address.
-  int master_port = 0;                ///< The port group rank 0 reserved.
+  std::string master_addr;  ///< Group rank 0's address.
+  int master_port = 0;      ///< The port group rank 0 reserved.
 };
 
 /// Orders nodes: explicit ranks keep their slot; the rest fill the free slots sorted by their

@@ -97,7 +97,8 @@ bool RendezvousServer::job_finished(const std::string& job_id) const {
 }
 
 ServerLoad RendezvousServer::load() const {
-  ServerLoad load{.connections = sessions_.size(), .leased_gpus = leases_.leased_gpus(),
+  ServerLoad load{.connections = sessions_.size(),
+                  .leased_gpus = leases_.leased_gpus(),
                   .leased_ports = leases_.leased_ports()};
   for (const auto& [id, job] : jobs_) {
     ++(job.finished ? load.finished : job.running ? load.running : load.joining);
@@ -114,7 +115,8 @@ void RendezvousServer::accept() {
       auto remote = socket.remote_endpoint(remote_ec);
       const std::string address = remote_ec ? "" : remote.address().to_string();
       admit(asio::generic::stream_protocol::socket(std::move(socket)),
-            address + ":" + (remote_ec ? "?" : std::to_string(remote.port())), address, std::nullopt);
+            address + ":" + (remote_ec ? "?" : std::to_string(remote.port())), address,
+            std::nullopt);
     }
     accept();
   });
@@ -173,8 +175,9 @@ void RendezvousServer::on_message(const std::shared_ptr<AgentSession>& session,
     return parsed_or_refused(session, parse_rejoin(message),
                              [&](const JoinMessage& join) { handle_rejoin(session, join); });
   if (type == "jobs" || type == "status" || type == "stop")
-    return parsed_or_refused(session, parse_operator_request(message),
-                             [&](const OperatorRequest& request) { handle_operator(session, request); });
+    return parsed_or_refused(
+        session, parse_operator_request(message),
+        [&](const OperatorRequest& request) { handle_operator(session, request); });
   if (type == "lease")
     return parsed_or_refused(session, parse_lease_request(message),
                              [&](const LeaseRequest& request) { handle_lease(session, request); });
@@ -207,8 +210,11 @@ void RendezvousServer::handle_job_message(const std::shared_ptr<AgentSession>& s
       if (!job.finished) ++stats_.failures;  // Counted once per round, however many nodes report.
       spdlog::info("job {}: node {} reports a failure; stopping every node", session->job_id,
                    session->node);
-      broadcast(job, {{"type", "failed"}, {"node", session->node}, {"reason", failed.reason},
-                      {"exit_code", failed.exit_code}},
+      broadcast(job,
+                {{"type", "failed"},
+                 {"node", session->node},
+                 {"reason", failed.reason},
+                 {"exit_code", failed.exit_code}},
                 session->node);
       finish(session->job_id);
       // After the round's end (and its "closed", if nobody can restart): the node may decide.
@@ -238,13 +244,14 @@ void RendezvousServer::handle_job_message(const std::shared_ptr<AgentSession>& s
     });
   }
   if (type == "barrier") {
-    return parsed_or_refused(session, parse_barrier_arrival(message), [&](const BarrierArrival& arrival) {
-      std::set<int>& arrived = job.barriers[arrival.name];
-      arrived.insert(arrival.rank);
-      if (static_cast<int>(arrived.size()) < job.world_size) return;
-      broadcast(job, {{"type", "barrier_done"}, {"name", arrival.name}});
-      job.barriers.erase(arrival.name);
-    });
+    return parsed_or_refused(session, parse_barrier_arrival(message),
+                             [&](const BarrierArrival& arrival) {
+                               std::set<int>& arrived = job.barriers[arrival.name];
+                               arrived.insert(arrival.rank);
+                               if (static_cast<int>(arrived.size()) < job.world_size) return;
+                               broadcast(job, {{"type", "barrier_done"}, {"name", arrival.name}});
+                               job.barriers.erase(arrival.name);
+                             });
   }
   if (type == "done") {
     session->done = true;
@@ -333,7 +340,8 @@ void RendezvousServer::handle_join(const std::shared_ptr<AgentSession>& session,
     if (it != jobs_.end() && message.restart_count > 0 && !it->second.done_nodes.empty())
       return refuse_restart(*session, job_id, it->second.done_nodes);
     // The survivors of a round that failed, stalled or lost a node re-join: a restart.
-    if (it != jobs_.end() && it->second.running && it->second.done_nodes.size() < it->second.members.size())
+    if (it != jobs_.end() && it->second.running &&
+        it->second.done_nodes.size() < it->second.members.size())
       ++stats_.restarts;
     Job& opened = open_round(job_id, round);  // A finished job's id may be reused.
     opened.owner = session->uid;
@@ -342,10 +350,12 @@ void RendezvousServer::handle_join(const std::shared_ptr<AgentSession>& session,
     Job& running = it->second;
     if (running.members.size() >= static_cast<size_t>(running.settings.max_nodes))
       return session->refuse("job " + job_id + " is running with all " +
-                             std::to_string(running.settings.max_nodes) + " nodes; it admits no new node");
+                             std::to_string(running.settings.max_nodes) +
+                             " nodes; it admits no new node");
     // Elastic scale-up: the newcomer opens the next round, and the running nodes re-form into it
     // at this restart boundary, as torchrun does when nodes are waiting.
-    spdlog::info("job {}: {} asks to join the running round; re-forming with it", job_id, node.node);
+    spdlog::info("job {}: {} asks to join the running round; re-forming with it", job_id,
+                 node.node);
     Job old = std::move(running);
     open_round(job_id, old.settings).owner = old.owner;
     broadcast(old, {{"type", "membership"}, {"node", node.node}});
@@ -361,25 +371,29 @@ void RendezvousServer::schedule_progress(const std::string& job_id) {
   Job& job = jobs_.at(job_id);
   if (job.running || job.finished || job.progress->expiry() > Clock::now()) return;
   job.progress->expires_after(kProgressInterval);
-  job.progress->async_wait([this, job_id, generation = job.generation](boost::system::error_code ec) {
-    auto it = jobs_.find(job_id);
-    if (ec || it == jobs_.end() || it->second.generation != generation) return;
-    Job& forming = it->second;
-    if (forming.running || forming.finished) return;
-    constexpr size_t kNamesShown = 8;
-    std::vector<std::string> names;
-    for (const auto& [name, member] : forming.members)
-      if (names.size() < kNamesShown) names.push_back(name);
-    const auto remaining = std::chrono::duration<double>(forming.round->next_deadline() - Clock::now());
-    // Only to the agents on a terminal: a round of 16,384 agents in batch jobs would be sent
-    // 16,384 frames a second that nobody reads.
-    const std::string frame = encode_frame(
-        {{"type", "progress"}, {"joined", forming.members.size()},
-         {"min_nodes", forming.settings.min_nodes}, {"max_nodes", forming.settings.max_nodes},
-         {"names", names}, {"remaining_s", std::max(0.0, remaining.count())}});
-    for (auto& [name, member] : forming.members)
-      if (auto agent = member.lock(); agent && agent->shows_progress) agent->send_frame(frame);
-  });
+  job.progress->async_wait(
+      [this, job_id, generation = job.generation](boost::system::error_code ec) {
+        auto it = jobs_.find(job_id);
+        if (ec || it == jobs_.end() || it->second.generation != generation) return;
+        Job& forming = it->second;
+        if (forming.running || forming.finished) return;
+        constexpr size_t kNamesShown = 8;
+        std::vector<std::string> names;
+        for (const auto& [name, member] : forming.members)
+          if (names.size() < kNamesShown) names.push_back(name);
+        const auto remaining =
+            std::chrono::duration<double>(forming.round->next_deadline() - Clock::now());
+        // Only to the agents on a terminal: a round of 16,384 agents in batch jobs would be sent
+        // 16,384 frames a second that nobody reads.
+        const std::string frame = encode_frame({{"type", "progress"},
+                                                {"joined", forming.members.size()},
+                                                {"min_nodes", forming.settings.min_nodes},
+                                                {"max_nodes", forming.settings.max_nodes},
+                                                {"names", names},
+                                                {"remaining_s", std::max(0.0, remaining.count())}});
+        for (auto& [name, member] : forming.members)
+          if (auto agent = member.lock(); agent && agent->shows_progress) agent->send_frame(frame);
+      });
 }
 
 void RendezvousServer::handle_rejoin(const std::shared_ptr<AgentSession>& session,
@@ -402,7 +416,8 @@ void RendezvousServer::handle_rejoin(const std::shared_ptr<AgentSession>& sessio
                  group_world_size);
     // Nodes that do not come back within a lease are lost, as if they had gone silent.
     job.deadline->expires_after(settings_.lease);
-    job.deadline->async_wait([this, job_id = job_id, generation = job.generation](boost::system::error_code ec) {
+    job.deadline->async_wait([this, job_id = job_id,
+                              generation = job.generation](boost::system::error_code ec) {
       auto found = jobs_.find(job_id);
       if (ec || found == jobs_.end() || found->second.generation != generation) return;
       Job& rebuilt = found->second;
@@ -418,15 +433,16 @@ void RendezvousServer::handle_rejoin(const std::shared_ptr<AgentSession>& sessio
   }
   Job& job = it->second;
   if (!job.running || job.world_size != world_size)
-    return session->refuse("job " + job_id + " runs a different round; this node's assignment "
+    return session->refuse("job " + job_id +
+                           " runs a different round; this node's assignment "
                            "is stale");
   session->job_id = job_id;
   session->generation = job.generation;
   session->node = node.node;
   job.members[node.node] = session;
   session->send(paced(*session, {{"type", "joined"}}));
-  spdlog::info("job {}: {} re-registered ({} of {} node(s))", job_id, node.node,
-               job.members.size(), job.expected_nodes);
+  spdlog::info("job {}: {} re-registered ({} of {} node(s))", job_id, node.node, job.members.size(),
+               job.expected_nodes);
   if (static_cast<int>(job.members.size()) < job.expected_nodes) return;
   job.deadline->cancel();
   // The nodes that came back first were told a pace for fewer agents.
@@ -437,11 +453,13 @@ void RendezvousServer::handle_rejoin(const std::shared_ptr<AgentSession>& sessio
 
 void RendezvousServer::handle_lease(const std::shared_ptr<AgentSession>& session,
                                     const LeaseRequest& request) {
-  if (!session->uid) return session->refuse("leases are for jobs on this host: use the unix socket");
+  if (!session->uid)
+    return session->refuse("leases are for jobs on this host: use the unix socket");
   if (session->lease_id != 0) return session->refuse("second 'lease' on one connection");
   const int gpu_count = request.gpus;
   const double wait_s = request.wait_s;
-  if (gpu_count > static_cast<int>(leases_.gpu_count()))  // Waiting would block the queue for nothing.
+  if (gpu_count >
+      static_cast<int>(leases_.gpu_count()))  // Waiting would block the queue for nothing.
     return session->refuse(std::to_string(gpu_count) + " GPU(s) wanted, but this box has " +
                            std::to_string(leases_.gpu_count()));
   const std::string holder = user_name(*session->uid) + ", job " + request.job;
@@ -451,20 +469,24 @@ void RendezvousServer::handle_lease(const std::shared_ptr<AgentSession>& session
     const auto id = leases_.restore(held);
     if (!id) return session->refuse("the GPUs or port this job held are leased to another job now");
     session->lease_id = *id;
-    spdlog::info("restored the lease of {} GPU(s) and port {} to {}", held.gpus.size(), held.port, holder);
-    return session->send(paced(*session, {{"type", "lease"}, {"gpus", held.gpus}, {"port", held.port}}));
+    spdlog::info("restored the lease of {} GPU(s) and port {} to {}", held.gpus.size(), held.port,
+                 holder);
+    return session->send(
+        paced(*session, {{"type", "lease"}, {"gpus", held.gpus}, {"port", held.port}}));
   }
   std::unique_ptr<asio::steady_timer> deadline;
   if (wait_s > 0) {
     deadline = std::make_unique<asio::steady_timer>(
-        io_, std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::duration<double>(wait_s)));
-    deadline->async_wait([this, weak = std::weak_ptr(session), gpu_count](boost::system::error_code ec) {
-      if (ec) return;
-      auto waiting = weak.lock();
-      if (!waiting || waiting->lease_id != 0) return;
-      refuse_waiting_lease(waiting, gpu_count);
-      grant_waiting_leases();  // The ones it held back may fit now.
-    });
+        io_, std::chrono::duration_cast<std::chrono::milliseconds>(
+                 std::chrono::duration<double>(wait_s)));
+    deadline->async_wait(
+        [this, weak = std::weak_ptr(session), gpu_count](boost::system::error_code ec) {
+          if (ec) return;
+          auto waiting = weak.lock();
+          if (!waiting || waiting->lease_id != 0) return;
+          refuse_waiting_lease(waiting, gpu_count);
+          grant_waiting_leases();  // The ones it held back may fit now.
+        });
   }
   leases_.enqueue(session, gpu_count, holder, std::move(deadline));
   grant_waiting_leases();
@@ -476,7 +498,8 @@ void RendezvousServer::handle_lease(const std::shared_ptr<AgentSession>& session
   session->send({{"type", "queued"}, {"message", queued}});
 }
 
-void RendezvousServer::refuse_waiting_lease(const std::shared_ptr<AgentSession>& session, int gpu_count) {
+void RendezvousServer::refuse_waiting_lease(const std::shared_ptr<AgentSession>& session,
+                                            int gpu_count) {
   const std::string reason = leases_.position(session.get(), gpu_count);
   leases_.withdraw(session.get());
   session->refuse(reason);
@@ -522,8 +545,8 @@ bool RendezvousServer::join_round(const std::string& job_id,
   // comes, the round's completion how many came.
   const size_t joined = job.round->joined();
   spdlog::log(joined <= kJoinsLogged ? spdlog::level::info : spdlog::level::debug,
-              "job {}: {} ({}, {} worker(s), {} GPU(s)) joined, {} node(s) so far{}", job_id, node.node,
-              node.addr, node.nproc, node.gpu_count, joined,
+              "job {}: {} ({}, {} worker(s), {} GPU(s)) joined, {} node(s) so far{}", job_id,
+              node.node, node.addr, node.nproc, node.gpu_count, joined,
               joined == kJoinsLogged ? "; the next joins are logged at debug level" : "");
   return true;
 }
@@ -545,7 +568,8 @@ void RendezvousServer::advance(const std::string& job_id) {
         auto member = job.members[node.node].lock();
         if (!member) continue;
         // Paced again: the agents that joined first were told a pace for fewer agents.
-        member->send(paced(*member, {{"type", "assignment"}, {"group_rank", node.group_rank},
+        member->send(paced(*member, {{"type", "assignment"},
+                                     {"group_rank", node.group_rank},
                                      {"group_world_size", result.nodes.size()},
                                      {"world_size", result.world_size},
                                      {"rank_offset", node.rank_offset},
@@ -596,9 +620,9 @@ void RendezvousServer::finish(const std::string& job_id) {
   if (it == jobs_.end()) return;
   Job& job = it->second;
   // Ended by a failure, a stall or a lost node after some nodes finished: nobody can restart.
-  const bool unfinished_members = std::any_of(job.members.begin(), job.members.end(), [&](const auto& member) {
-    return !job.done_nodes.contains(member.first);
-  });
+  const bool unfinished_members =
+      std::any_of(job.members.begin(), job.members.end(),
+                  [&](const auto& member) { return !job.done_nodes.contains(member.first); });
   if (!job.finished && !job.done_nodes.empty() && unfinished_members) {
     broadcast(job, closed_notice(job_id, job.done_nodes));
     job.closed = true;

@@ -2,20 +2,19 @@
 // daemon; mcprun can embed the same class.
 #pragma once
 
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/ip/tcp.hpp>
-#include <boost/asio/generic/stream_protocol.hpp>
-#include <boost/asio/local/stream_protocol.hpp>
-#include <boost/asio/steady_timer.hpp>
-#include <nlohmann/json.hpp>
-
 #include <sys/types.h>
 
 #include <array>
+#include <boost/asio/generic/stream_protocol.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <chrono>
 #include <map>
-#include <optional>
 #include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -33,18 +32,20 @@ struct ServerStats {
   /// Upper bounds of the round-duration histogram's buckets, in seconds: 1 ms to 600 s.
   static constexpr std::array<double, 16> kRoundBuckets{
       0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 120, 600};
-  uint64_t rounds = 0;                                        ///< Rounds that completed.
-  std::array<uint64_t, kRoundBuckets.size()> rounds_within{};  ///< Rounds no longer than each bound.
+  uint64_t rounds = 0;  ///< Rounds that completed.
+  std::array<uint64_t, kRoundBuckets.size()>
+      rounds_within{};       ///< Rounds no longer than each bound.
   double round_seconds = 0;  ///< Completed rounds' durations (first join to complete), summed.
   uint64_t failures = 0;     ///< Rounds ended by a worker failure or a lost node.
   uint64_t stalls = 0;       ///< Rounds ended by a stall.
-  uint64_t restarts = 0;     ///< New rounds of a job whose last round failed, stalled or lost a node.
-  uint64_t heartbeats = 0;   ///< Agents' heartbeats: their rate is most of an idle daemon's work.
+  uint64_t restarts = 0;  ///< New rounds of a job whose last round failed, stalled or lost a node.
+  uint64_t heartbeats = 0;  ///< Agents' heartbeats: their rate is most of an idle daemon's work.
 
   void record_round(double seconds) {
     ++rounds;
     round_seconds += seconds;
-    for (size_t i = 0; i < kRoundBuckets.size(); ++i) rounds_within[i] += seconds <= kRoundBuckets[i];
+    for (size_t i = 0; i < kRoundBuckets.size(); ++i)
+      rounds_within[i] += seconds <= kRoundBuckets[i];
   }
 };
 
@@ -61,7 +62,7 @@ struct ServerLoad {
 inline constexpr std::chrono::seconds kProgressInterval{1};
 
 /// Serves joins, heartbeats and failure notices; completes rounds and publishes assignments.
-class RendezvousServer : public SessionHost {
+class RendezvousServer final : public SessionHost {
  public:
   RendezvousServer(boost::asio::io_context& io, const boost::asio::ip::tcp::endpoint& listen,
                    ServerSettings settings);
@@ -73,7 +74,8 @@ class RendezvousServer : public SessionHost {
   bool job_finished(const std::string& job_id) const;
 
   // SessionHost: what its sessions report.
-  void on_message(const std::shared_ptr<AgentSession>& session, const nlohmann::json& message) override;
+  void on_message(const std::shared_ptr<AgentSession>& session,
+                  const nlohmann::json& message) override;
   void on_closed(const std::shared_ptr<AgentSession>& session) override;
   const ServerSettings& settings() const override { return settings_; }
   /// Takes reloaded settings, each read where it is used; the unix socket stays the one it serves.
@@ -87,15 +89,15 @@ class RendezvousServer : public SessionHost {
  private:
   struct Job {
     std::unique_ptr<RendezvousRound> round;
-    RoundSettings settings;            ///< Kept to open the next round with the same rules.
+    RoundSettings settings;  ///< Kept to open the next round with the same rules.
     std::map<std::string, std::weak_ptr<AgentSession>> members;  ///< node name -> session.
     std::set<std::string> done_nodes;  ///< Nodes whose workers all succeeded.
     bool restart_round = false;        ///< Opened by a node re-joining after a failure.
-    bool closed = false;               ///< It ended with nodes done and others told it cannot restart.
-    uint64_t generation = 0;           ///< Tells a restarted job from the round it replaced.
-    int world_size = 0;                ///< Of the running round.
-    int expected_nodes = 0;            ///< Nodes of the running round.
-    std::optional<uid_t> owner;        ///< The local user who created it; nullopt: remote.
+    bool closed = false;         ///< It ended with nodes done and others told it cannot restart.
+    uint64_t generation = 0;     ///< Tells a restarted job from the round it replaced.
+    int world_size = 0;          ///< Of the running round.
+    int expected_nodes = 0;      ///< Nodes of the running round.
+    std::optional<uid_t> owner;  ///< The local user who created it; nullopt: remote.
     Clock::time_point created_at;
     std::map<std::string, std::set<int>> barriers;  ///< Helper barrier name -> ranks there.
     std::unique_ptr<boost::asio::steady_timer> deadline;
@@ -121,7 +123,8 @@ class RendezvousServer : public SessionHost {
   /// Drops a waiting request and refuses it, naming who holds the GPUs and who waits first.
   void refuse_waiting_lease(const std::shared_ptr<AgentSession>& session, int gpu_count);
   /// `mcprun jobs|status|stop` (rendezvousd/operator_requests.cpp).
-  void handle_operator(const std::shared_ptr<AgentSession>& session, const OperatorRequest& request);
+  void handle_operator(const std::shared_ptr<AgentSession>& session,
+                       const OperatorRequest& request);
   /// Whether the session may see, stop or join `job`: its owner or root on the unix socket,
   /// anyone over TCP (where the token is the authentication), anyone for a remote job.
   static bool may_access(const AgentSession& session, const Job& job);

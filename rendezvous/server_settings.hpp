@@ -13,8 +13,8 @@ namespace mcprun {
 
 /// Limits that keep one bad peer from costing more than its own connection.
 struct ServerSettings {
-  std::string token;                                  ///< Empty: no authentication.
-  std::string unix_socket;                            ///< Also listen here for local agents.
+  std::string token;        ///< Empty: no authentication.
+  std::string unix_socket;  ///< Also listen here for local agents.
   std::chrono::milliseconds first_message_timeout{std::chrono::seconds(10)};
   std::chrono::milliseconds lease{std::chrono::seconds(15)};  ///< Silence longer than this: lost.
   /// Agents heartbeat at a third of the lease, or slower where the agents held would send more
@@ -24,7 +24,7 @@ struct ServerSettings {
   /// reconnecting after a daemon restart beside them.
   size_t max_connections = 16384 + 1024;
   int listen_backlog = kListenBacklog;  ///< Asked of listen(); the kernel caps it at somaxconn.
-  SessionLimits session_limits;  ///< Per connection: queued output and message rate.
+  SessionLimits session_limits;         ///< Per connection: queued output and message rate.
   std::chrono::seconds finished_job_ttl{600};
   std::vector<std::string> label_precedence{"rack", "switch"};
   int lease_port_first = 29500;  ///< Master ports leased to local jobs: [first, last].

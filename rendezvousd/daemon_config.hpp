@@ -1,15 +1,15 @@
 // rendezvousd's configuration: the YAML file, then command-line overrides.
 #pragma once
 
-#include <boost/asio/ip/tcp.hpp>
 #include <spdlog/common.h>
 
+#include <boost/asio/ip/tcp.hpp>
 #include <chrono>
 #include <optional>
 #include <string>
 
-#include "common/expected.hpp"
 #include "common/endpoint.hpp"
+#include "common/expected.hpp"
 #include "rendezvous/rendezvous_server.hpp"
 
 namespace mcprun {

@@ -6,9 +6,11 @@
 
 namespace mcprun {
 
-std::string render_metrics(const ServerStats& stats, const ServerLoad& load, uint64_t resident_bytes) {
+std::string render_metrics(const ServerStats& stats, const ServerLoad& load,
+                           uint64_t resident_bytes) {
   PrometheusText out;
-  out.family("mcprun_jobs", "gauge", "Jobs the daemon holds, by state; finished ones until finished_job_ttl_s.");
+  out.family("mcprun_jobs", "gauge",
+             "Jobs the daemon holds, by state; finished ones until finished_job_ttl_s.");
   out.sample("mcprun_jobs", label_set({{"state", "joining"}}), load.joining);
   out.sample("mcprun_jobs", label_set({{"state", "running"}}), load.running);
   out.sample("mcprun_jobs", label_set({{"state", "finished"}}), load.finished);
@@ -22,15 +24,18 @@ std::string render_metrics(const ServerStats& stats, const ServerLoad& load, uin
   out.family(kDuration, "histogram", "Time from a round's first join to its completion.");
   for (size_t i = 0; i < ServerStats::kRoundBuckets.size(); ++i)
     out.sample(fmt::format("{}_bucket", kDuration),
-               label_set({{"le", fmt::format("{}", ServerStats::kRoundBuckets[i])}}), stats.rounds_within[i]);
+               label_set({{"le", fmt::format("{}", ServerStats::kRoundBuckets[i])}}),
+               stats.rounds_within[i]);
   out.sample(fmt::format("{}_bucket", kDuration), label_set({{"le", "+Inf"}}), stats.rounds);
   out.sample(fmt::format("{}_sum", kDuration), "", stats.round_seconds);
   out.sample(fmt::format("{}_count", kDuration), "", stats.rounds);
-  out.family("mcprun_failures_total", "counter", "Rounds ended by a worker failure or a lost node.");
+  out.family("mcprun_failures_total", "counter",
+             "Rounds ended by a worker failure or a lost node.");
   out.sample("mcprun_failures_total", "", stats.failures);
   out.family("mcprun_stalls_total", "counter", "Rounds ended by a stall.");
   out.sample("mcprun_stalls_total", "", stats.stalls);
-  out.family("mcprun_restarts_total", "counter", "Jobs re-forming after a failure, a stall or a lost node.");
+  out.family("mcprun_restarts_total", "counter",
+             "Jobs re-forming after a failure, a stall or a lost node.");
   out.sample("mcprun_restarts_total", "", stats.restarts);
   out.family("mcprun_heartbeats_total", "counter", "Heartbeats received from agents.");
   out.sample("mcprun_heartbeats_total", "", stats.heartbeats);

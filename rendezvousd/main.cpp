@@ -1,11 +1,10 @@
 // rendezvousd: assigns ranks to mcprun agents and publishes MASTER_ADDR/MASTER_PORT.
+#include <fmt/format.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
-#include <CLI/CLI.hpp>
-#include <fmt/format.h>
-
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -19,12 +18,12 @@
 #include "common/exit_status.hpp"
 #include "common/expected.hpp"
 #include "common/logging.hpp"
+#include "common/metrics_http.hpp"
 #include "common/prometheus_text.hpp"
 #include "common/version.hpp"
+#include "rendezvous/rendezvous_server.hpp"
 #include "rendezvousd/daemon_config.hpp"
 #include "rendezvousd/daemon_metrics.hpp"
-#include "common/metrics_http.hpp"
-#include "rendezvous/rendezvous_server.hpp"
 #include "rendezvousd/systemd_notify.hpp"
 
 namespace {
@@ -56,14 +55,14 @@ Expected<StartupConfig> build_config(const DaemonFlags& flags) {
   StartupConfig built;
   DaemonConfig& config = built.config;
   if (!flags.config_file.empty())
-    if (auto loaded = load_daemon_config(flags.config_file, config); !loaded)
-      return loaded.error();
+    if (auto loaded = load_daemon_config(flags.config_file, config); !loaded) return loaded.error();
   if (!flags.listen.empty()) config.listen = flags.listen;
   if (!flags.metrics_listen.empty()) config.metrics_listen = flags.metrics_listen;
   if (!flags.token_file.empty()) config.token_file = flags.token_file;
   if (!flags.unix_socket.empty()) config.server.unix_socket = flags.unix_socket;
   if (flags.lease_s > 0) config.server.lease = seconds_to_ms(flags.lease_s);
-  if (flags.first_message_s > 0) config.server.first_message_timeout = seconds_to_ms(flags.first_message_s);
+  if (flags.first_message_s > 0)
+    config.server.first_message_timeout = seconds_to_ms(flags.first_message_s);
   if (flags.stop_timeout_s > 0) config.stop_timeout = seconds_to_ms(flags.stop_timeout_s);
   if (flags.verbose) config.log_level = spdlog::level::debug;
   if (auto loaded = load_token(config); !loaded) return loaded.error();
@@ -106,7 +105,8 @@ void run_contained(boost::asio::io_context& io) {
 }
 
 /// Applies a reloaded configuration where it can change at run time; returns the running one.
-DaemonConfig apply_reload(const DaemonConfig& running, DaemonConfig next, RendezvousServer& server) {
+DaemonConfig apply_reload(const DaemonConfig& running, DaemonConfig next,
+                          RendezvousServer& server) {
   const std::pair<const char*, std::pair<std::string, std::string>> fixed[] = {
       {"listen", {running.listen, next.listen}},
       {"unix_socket", {running.server.unix_socket, next.server.unix_socket}},
@@ -135,12 +135,16 @@ void add_flags(CLI::App& app, DaemonFlags& flags) {
   };
   app.add_option("--config", flags.config_file,
                  "YAML configuration (see configs/rendezvousd.yaml); SIGHUP re-reads it");
-  app.add_option("--listen", flags.listen, "IP:PORT to listen on (default 0.0.0.0:29400; port 0: any, logged)");
-  app.add_option("--unix-socket", flags.unix_socket, "Also listen on this unix socket for local agents "
+  app.add_option("--listen", flags.listen,
+                 "IP:PORT to listen on (default 0.0.0.0:29400; port 0: any, logged)");
+  app.add_option("--unix-socket", flags.unix_socket,
+                 "Also listen on this unix socket for local agents "
                  "(mcprun --rdzv-endpoint unix:PATH)");
-  app.add_option("--metrics-listen", flags.metrics_listen,
-                 "IP:PORT serving Prometheus metrics at /metrics (default: none; port 0: any, logged)");
-  app.add_option("--token-file", flags.token_file, "File holding the shared token agents must present");
+  app.add_option(
+      "--metrics-listen", flags.metrics_listen,
+      "IP:PORT serving Prometheus metrics at /metrics (default: none; port 0: any, logged)");
+  app.add_option("--token-file", flags.token_file,
+                 "File holding the shared token agents must present");
   app.add_option("--lease", flags.lease_s,
                  fmt::format("Seconds of agent silence before it is lost (default {})",
                              seconds_of(defaults.server.lease)))
@@ -169,13 +173,15 @@ bool open_listeners(boost::asio::io_context& io, const StartupConfig& startup,
     server.emplace(io, startup.listen, config.server);
     spdlog::info("listening on {}:{}", server->local_endpoint().address().to_string(),
                  server->local_endpoint().port());
-    if (!config.server.unix_socket.empty()) spdlog::info("listening on unix:{}", config.server.unix_socket);
+    if (!config.server.unix_socket.empty())
+      spdlog::info("listening on unix:{}", config.server.unix_socket);
     if (startup.metrics) {
       listening = config.metrics_listen;
       metrics.emplace(io, *startup.metrics, [&server] {
         return render_metrics(server->stats(), server->load(), resident_memory_bytes());
       });
-      spdlog::info("serving metrics on http://{}:{}/metrics", metrics->local_endpoint().address().to_string(),
+      spdlog::info("serving metrics on http://{}:{}/metrics",
+                   metrics->local_endpoint().address().to_string(),
                    metrics->local_endpoint().port());
     }
   } catch (const boost::system::system_error& error) {
@@ -266,9 +272,10 @@ int main(int argc, char** argv) {
   std::optional<MetricsServer> metrics;
   if (!open_listeners(io, startup, server, metrics)) return kExitFailure;
 
-  ServiceNotifier notifier(io, NotifySocket::from_environment(),
-                           watchdog_interval(std::getenv("WATCHDOG_USEC"), std::getenv("WATCHDOG_PID"), ::getpid()),
-                           [&] { return status_line(server->load()); });
+  ServiceNotifier notifier(
+      io, NotifySocket::from_environment(),
+      watchdog_interval(std::getenv("WATCHDOG_USEC"), std::getenv("WATCHDOG_PID"), ::getpid()),
+      [&] { return status_line(server->load()); });
   Reloadable reload{reload_signal, notifier, flags, config, *server};
   reload_on_sighup(reload);
   bool stopping = false;

@@ -16,20 +16,26 @@ NotifySocket::NotifySocket(std::string_view address) {
   if (address.empty()) return;
   const bool abstract = address.front() == '@';
   if (!abstract && address.front() != '/') {
-    spdlog::warn("NOTIFY_SOCKET={}: only a path or an @abstract name is supported; not notifying "
-                 "systemd", address);
+    spdlog::warn(
+        "NOTIFY_SOCKET={}: only a path or an @abstract name is supported; not notifying "
+        "systemd",
+        address);
     return;
   }
   if (address.size() >= sizeof address_.sun_path) {
-    spdlog::warn("NOTIFY_SOCKET={}: longer than a unix socket address; not notifying systemd", address);
+    spdlog::warn("NOTIFY_SOCKET={}: longer than a unix socket address; not notifying systemd",
+                 address);
     return;
   }
   address_.sun_family = AF_UNIX;
   std::memcpy(address_.sun_path, address.data(), address.size());
-  if (abstract) address_.sun_path[0] = '\0';  // The abstract namespace: a leading NUL, no terminator.
-  address_length_ = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + address.size() + (abstract ? 0 : 1));
+  if (abstract)
+    address_.sun_path[0] = '\0';  // The abstract namespace: a leading NUL, no terminator.
+  address_length_ =
+      static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + address.size() + (abstract ? 0 : 1));
   fd_.reset(::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0));
-  if (!fd_.valid()) spdlog::warn("socket(AF_UNIX, SOCK_DGRAM): {}; not notifying systemd", std::strerror(errno));
+  if (!fd_.valid())
+    spdlog::warn("socket(AF_UNIX, SOCK_DGRAM): {}; not notifying systemd", std::strerror(errno));
 }
 
 NotifySocket NotifySocket::from_environment() {
@@ -39,9 +45,9 @@ NotifySocket NotifySocket::from_environment() {
 
 bool NotifySocket::send(std::string_view assignments) const {
   if (!enabled()) return false;
-  const ssize_t sent = ::sendto(fd_.get(), assignments.data(), assignments.size(),
-                                MSG_NOSIGNAL | MSG_DONTWAIT, reinterpret_cast<const sockaddr*>(&address_),
-                                address_length_);
+  const ssize_t sent =
+      ::sendto(fd_.get(), assignments.data(), assignments.size(), MSG_NOSIGNAL | MSG_DONTWAIT,
+               reinterpret_cast<const sockaddr*>(&address_), address_length_);
   if (sent < 0) spdlog::debug("notifying systemd: sendto: {}", std::strerror(errno));
   return sent == static_cast<ssize_t>(assignments.size());
 }
@@ -53,7 +59,8 @@ std::optional<std::chrono::microseconds> watchdog_interval(const char* watchdog_
   const unsigned long long usec = std::strtoull(watchdog_usec, &end, 10);
   if (end == watchdog_usec || *end != '\0' || usec == 0) return std::nullopt;
   // systemd sets the pid when the variables may reach another process (a forking daemon's child).
-  if (watchdog_pid && *watchdog_pid && std::strtoll(watchdog_pid, nullptr, 10) != self) return std::nullopt;
+  if (watchdog_pid && *watchdog_pid && std::strtoll(watchdog_pid, nullptr, 10) != self)
+    return std::nullopt;
   return std::chrono::microseconds(usec / 2);
 }
 
@@ -80,8 +87,9 @@ void ServiceNotifier::reloading() {
   timespec now{};
   ::clock_gettime(CLOCK_MONOTONIC, &now);
   // systemd's notify-reload wants the moment the reload began, to tell it from an older one.
-  socket_.send("RELOADING=1\nMONOTONIC_USEC=" +
-               std::to_string(static_cast<unsigned long long>(now.tv_sec) * 1000000 + now.tv_nsec / 1000));
+  socket_.send(
+      "RELOADING=1\nMONOTONIC_USEC=" +
+      std::to_string(static_cast<unsigned long long>(now.tv_sec) * 1000000 + now.tv_nsec / 1000));
 }
 
 void ServiceNotifier::stopping() {

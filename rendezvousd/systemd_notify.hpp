@@ -8,7 +8,6 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
-
 #include <chrono>
 #include <functional>
 #include <optional>
@@ -54,7 +53,8 @@ class ServiceNotifier {
  public:
   /// `status` describes the daemon in one line; it is called on the loop every kStatusInterval.
   ServiceNotifier(boost::asio::io_context& io, NotifySocket socket,
-                  std::optional<std::chrono::microseconds> watchdog, std::function<std::string()> status);
+                  std::optional<std::chrono::microseconds> watchdog,
+                  std::function<std::string()> status);
   /// READY=1 with the status: once listening, and again after each reload. Starts the pings.
   void ready();
   /// RELOADING=1: a reload begins; ready() ends it.

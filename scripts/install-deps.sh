@@ -17,6 +17,7 @@ test_packages=(
   tmux                   # tests/e2e/test_terminal.py: what a person sees at a real terminal
   gdb                    # stack dumps on a stall where py-spy is missing; stack_dump_test runs it
   clang-14 libclang-rt-14-dev  # scripts/fuzz.sh: libFuzzer with ASan and UBSan
+  clang-format-14        # scripts/test.sh: every C++ file as .clang-format writes it
   slurm-wlm slurmctld slurmd slurm-client munge  # tests/e2e/test_slurm.py: a real controller and two nodes
   ccache                 # the wheel's build reuses the gcc build's objects (tests/e2e/test_wheel.py)
   chromium               # tests/e2e/test_stragglers.py: the picture of the last collectives, opened as a person would

@@ -16,14 +16,16 @@ std::deque<SeenCollective> collectives(int ranks, int count, int late_rank) {
   for (int seq = 0; seq < count; ++seq) {
     SeenCollective collective{"0", seq, {}};
     for (int rank = 0; rank < ranks; ++rank)
-      collective.arrivals.emplace_back(rank, seq * 1'000'000'000LL + (rank == late_rank ? 200'000'000 : rank));
+      collective.arrivals.emplace_back(
+          rank, seq * 1'000'000'000LL + (rank == late_rank ? 200'000'000 : rank));
     recent.push_back(collective);
   }
   return recent;
 }
 
 TEST(CollectivePicture, EachRankIsARowAndEachCollectivesLastArrivalIsRed) {
-  const std::string page = render_collective_picture(collectives(3, 10, 2), {}, {"straggler", 2, {}, ""});
+  const std::string page =
+      render_collective_picture(collectives(3, 10, 2), {}, {"straggler", 2, {}, ""});
   EXPECT_EQ(count(page, "class=\"row\""), 3u);
   EXPECT_EQ(count(page, "class=\"last\""), 10u);
   EXPECT_EQ(count(page, "class=\"arrival\""), 20u);
@@ -33,7 +35,8 @@ TEST(CollectivePicture, EachRankIsARowAndEachCollectivesLastArrivalIsRed) {
 
 TEST(CollectivePicture, WhoHowMuchAndSinceWhen) {
   // Rank 2 arrives 200 ms after the others at each of 10 collectives, a second apart.
-  const std::string page = render_collective_picture(collectives(3, 10, 2), {}, {"straggler", 2, {}, ""});
+  const std::string page =
+      render_collective_picture(collectives(3, 10, 2), {}, {"straggler", 2, {}, ""});
   // Who: the others' mean wait, 200 ms a collective, charged to rank 2 alone.
   EXPECT_EQ(count(page, "class=\"wait\""), 3u);
   EXPECT_NE(page.find("2.00 s (100%)"), std::string::npos) << page;
@@ -49,7 +52,8 @@ TEST(CollectivePicture, WhoHowMuchAndSinceWhen) {
 }
 
 TEST(CollectivePicture, ManyRanksKeepTheMarkedRowsWithinTheLimit) {
-  const std::string page = render_collective_picture(collectives(200, 2, 150), {}, {"stall", std::nullopt, {190}, ""});
+  const std::string page =
+      render_collective_picture(collectives(200, 2, 150), {}, {"stall", std::nullopt, {190}, ""});
   EXPECT_EQ(count(page, "class=\"row\""), kMaxPictureRows);
   EXPECT_NE(page.find("data-rank=\"190\""), std::string::npos);
   EXPECT_NE(page.find("rank 190: missing"), std::string::npos);
@@ -58,7 +62,8 @@ TEST(CollectivePicture, ManyRanksKeepTheMarkedRowsWithinTheLimit) {
 TEST(CollectivePicture, ARanksHostNameIsTextNotMarkup) {
   std::map<int, RankArrivals> ranks;
   ranks[0].host = "<script>alert(1)</script>";
-  const std::string page = render_collective_picture(collectives(2, 1, 0), ranks, {"end", std::nullopt, {}, "a & b"});
+  const std::string page =
+      render_collective_picture(collectives(2, 1, 0), ranks, {"end", std::nullopt, {}, "a & b"});
   EXPECT_EQ(page.find("<script"), std::string::npos);
   EXPECT_NE(page.find("&lt;script&gt;"), std::string::npos);
   EXPECT_NE(page.find("a &amp; b"), std::string::npos);

@@ -35,7 +35,8 @@ class Job {
       if (!fill(rank, record)) continue;
       // A reporter ages each call it keeps seeing pending; a test's explicit age stands.
       for (PendingCollective& pending : record.pending) {
-        const auto first = first_pending_.try_emplace(std::to_string(rank) + describe(pending), now_);
+        const auto first =
+            first_pending_.try_emplace(std::to_string(rank) + describe(pending), now_);
         if (pending.pending_s == 0)
           pending.pending_s = std::chrono::duration<double>(now_ - first.first->second).count();
       }
@@ -87,7 +88,8 @@ TEST(CollectiveWatch, UnevenShardsAreAMismatchNamedAfterTheCallMostRanksWaitIn) 
   EXPECT_EQ(stall->in, (std::vector<int>{0, 2}));
   EXPECT_EQ(stall->missing, (std::vector<int>{1}));
   EXPECT_TRUE(stall->mismatch);
-  EXPECT_EQ(stall->states.at(1).rfind("in barrier #30 on group 0 (gloo) for ", 0), 0u) << stall->states.at(1);
+  EXPECT_EQ(stall->states.at(1).rfind("in barrier #30 on group 0 (gloo) for ", 0), 0u)
+      << stall->states.at(1);
   EXPECT_NE(stall->states.at(1).find("a mismatch"), std::string::npos);
   EXPECT_GE(stall->collective.pending_s, 11);
 }
@@ -117,8 +119,10 @@ TEST(CollectiveWatch, ARankBusyOutsideTheCollectiveIsProgress) {
   for (int second = 0; second < 3 * kTimeout; ++second) {
     job.second([&](int rank, ProgressRecord& record) {
       record.completed = 5;
-      if (rank == 0) record.cpu_s = cpu += 0.9;  // Checkpointing: a busy core.
-      else record.pending = {call("barrier", 6)};
+      if (rank == 0)
+        record.cpu_s = cpu += 0.9;  // Checkpointing: a busy core.
+      else
+        record.pending = {call("barrier", 6)};
       return true;
     });
     EXPECT_FALSE(job.check()) << "at " << second << " s";
@@ -191,7 +195,8 @@ TEST(CollectiveWatch, AFailureReportShowsTheCallARankThatExitedWasIn) {
     });
   job.watch().rank_ended(1, "exit code 1");
   const auto states = job.watch().ranks_in_collectives(Clock::now());
-  EXPECT_EQ(states.at(1).rfind("exited: exit code 1; last in barrier #35 on group 0", 0), 0u) << states.at(1);
+  EXPECT_EQ(states.at(1).rfind("exited: exit code 1; last in barrier #35 on group 0", 0), 0u)
+      << states.at(1);
   EXPECT_EQ(states.at(0).rfind("in all_reduce #35 on group 0", 0), 0u) << states.at(0);
 }
 
@@ -211,8 +216,10 @@ TEST(CollectiveWatch, ACallLeftForTeardownIsNoStallOnceTheRankSaysItIsExiting) {
       record.exiting = says_exiting;
       return true;
     });
-    for (int second = 0; second < 12; ++second) job.second([](int, ProgressRecord&) { return false; });
-    EXPECT_EQ(job.check().has_value(), !says_exiting);  // Without the exiting record: a false stall.
+    for (int second = 0; second < 12; ++second)
+      job.second([](int, ProgressRecord&) { return false; });
+    EXPECT_EQ(job.check().has_value(),
+              !says_exiting);  // Without the exiting record: a false stall.
   }
 }
 
@@ -230,7 +237,9 @@ TEST(CollectiveWatch, AnExitingRankIsMissingFromTheCallTheOthersWaitIn) {
   EXPECT_EQ(stall->collective.op, "all_reduce");
   EXPECT_EQ(stall->missing, (std::vector<int>{2}));
   EXPECT_FALSE(stall->mismatch);  // It left every collective: nothing it waits in can match.
-  EXPECT_EQ(stall->states.at(2).rfind("exiting (its interpreter is shutting down); last in barrier #10", 0), 0u)
+  EXPECT_EQ(stall->states.at(2).rfind(
+                "exiting (its interpreter is shutting down); last in barrier #10", 0),
+            0u)
       << stall->states.at(2);
   // A failure report shows the call the exiting rank left.
   EXPECT_EQ(job.watch().ranks_in_collectives(Clock::now()).at(2).rfind("in barrier #10", 0), 0u);
@@ -273,8 +282,10 @@ TEST(CollectiveWatch, TorchOneStacksMatchByOperation) {
     job.second([&](int rank, ProgressRecord& record) {
       record.source = "stack";
       record.completed = -1;
-      if (rank == 0) record.pending = {call("barrier", -1, "0", {0, 1})};
-      else record.frames = {"uneven.py:20 in <module>", "torch/_tensor.py:487 in backward"};
+      if (rank == 0)
+        record.pending = {call("barrier", -1, "0", {0, 1})};
+      else
+        record.frames = {"uneven.py:20 in <module>", "torch/_tensor.py:487 in backward"};
       return true;
     });
   auto stall = job.check();
@@ -282,9 +293,10 @@ TEST(CollectiveWatch, TorchOneStacksMatchByOperation) {
   EXPECT_EQ(describe(stall->collective), "barrier on group 0 (gloo)");
   EXPECT_EQ(stall->source, "stack");
   EXPECT_TRUE(stall->mismatch);  // DDP's all-reduce runs in backward(), unseen on torch 1.x.
-  EXPECT_EQ(stall->states.at(1),
-            "in backward(), where DDP's gradient all-reduce runs (torch 1.x cannot name it): likely "
-            "a mismatch; torch/_tensor.py:487 in backward < uneven.py:20 in <module>");
+  EXPECT_EQ(
+      stall->states.at(1),
+      "in backward(), where DDP's gradient all-reduce runs (torch 1.x cannot name it): likely "
+      "a mismatch; torch/_tensor.py:487 in backward < uneven.py:20 in <module>");
 }
 
 TEST(CollectiveWatch, AReporterThatFellSilentIsSaidToBe) {
@@ -346,7 +358,9 @@ TEST(CollectiveWatch, ARankWithNoRecordWhoseKernelCountsStandStillIsAStall) {
       record.pending = {call("barrier", 2, "0", {0, 1})};
       return rank == 1;
     });
-    job.kernel(0, {.cpu_s = 1 + 0.001 * second, .main_run_s = 0.5, .main_run_delay_s = 0.1,
+    job.kernel(0, {.cpu_s = 1 + 0.001 * second,
+                   .main_run_s = 0.5,
+                   .main_run_delay_s = 0.1,
                    .main_io_bytes = 4096});
   }
   auto stall = job.check();
@@ -390,7 +404,8 @@ TEST(CollectiveWatch, KernelCountsOfARankInACollectiveAreNoProgress) {
   for (int second = 0; second < 12; ++second) {
     job.second([&](int rank, ProgressRecord& record) {
       record.completed = 4;
-      record.pending = {rank == 1 ? call("all_reduce", 5, "0", {0, 1}) : call("barrier", 5, "0", {0, 1})};
+      record.pending = {rank == 1 ? call("all_reduce", 5, "0", {0, 1})
+                                  : call("barrier", 5, "0", {0, 1})};
       return true;
     });
     activity.cpu_s += 1;

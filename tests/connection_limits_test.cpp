@@ -10,8 +10,8 @@ TEST(ConnectionLimits, NothingToSayWhenTheHostHoldsEveryConnection) {
 }
 
 TEST(ConnectionLimits, OneLineNamesEachShortLimitAndHowToRaiseIt) {
-  auto warning = connection_limits_warning("the store for 16384 ranks", 16384, kListenBacklog,
-                                           {1024, 4096});
+  auto warning =
+      connection_limits_warning("the store for 16384 ranks", 16384, kListenBacklog, {1024, 4096});
   ASSERT_TRUE(warning);
   EXPECT_EQ(warning->find('\n'), std::string::npos) << *warning;
   EXPECT_EQ(warning->rfind("the store for 16384 ranks needs more than this host allows 16384 "

@@ -93,7 +93,7 @@ TEST_F(TwoSocketMachine, ReadsTheCpuTree) {
   EXPECT_EQ(read.numa_nodes.at(1), join({range(4, 7), range(20, 23)}));
   EXPECT_EQ(read.cpus.at(21).package, 0);
   EXPECT_EQ(read.cpus.at(24).package, 1);
-  EXPECT_EQ(read.cpus.at(21).core, 5);        // Siblings 5,21.
+  EXPECT_EQ(read.cpus.at(21).core, 5);         // Siblings 5,21.
   EXPECT_EQ(read.cpus.at(21).cache_group, 4);  // L3 4-5,20-21.
   EXPECT_EQ(read.cpus.at(3).cache_group, 2);
 }
@@ -243,8 +243,9 @@ TEST(NumaBindingCpus, GpuWithoutANumaNodeOnASingleNodeMachineUsesThatNode) {
 }
 
 TEST_F(TwoSocketMachine, MissingSysfsPiecesAreErrorsNotCrashes) {
-  for (int cpu : {0, 1, 16, 17}) std::filesystem::remove_all(
-      sysfs_.root() / ("devices/system/cpu/cpu" + std::to_string(cpu)) / "cache");
+  for (int cpu : {0, 1, 16, 17})
+    std::filesystem::remove_all(sysfs_.root() / ("devices/system/cpu/cpu" + std::to_string(cpu)) /
+                                "cache");
   std::string error = error_of(bind(NumaBinding::kCoreComplex, 0));
   EXPECT_NE(error.find("cpu0 has no Unified or Data cache"), std::string::npos) << error;
 

@@ -28,7 +28,8 @@ class DaemonConfigTest : public ::testing::Test {
 
 TEST_F(DaemonConfigTest, ShippedDefaultLoads) {
   DaemonConfig config;
-  EXPECT_TRUE(load_daemon_config(std::string(MCPRUN_SOURCE_DIR) + "/configs/rendezvousd.yaml", config));
+  EXPECT_TRUE(
+      load_daemon_config(std::string(MCPRUN_SOURCE_DIR) + "/configs/rendezvousd.yaml", config));
   EXPECT_EQ(config.listen, "0.0.0.0:29400");
   EXPECT_EQ(config.server.lease, std::chrono::seconds(15));
   EXPECT_EQ(config.server.label_precedence, (std::vector<std::string>{"rack", "switch"}));
@@ -50,11 +51,13 @@ TEST_F(DaemonConfigTest, ServiceKeysAreReadAndChecked) {
   EXPECT_EQ(config.metrics_listen, "");
 
   auto metrics = error_of(load_daemon_config(write("metrics_listen: localhost:9100\n"), config));
-  EXPECT_NE(metrics.find(":1: 'metrics_listen' must be IP:PORT or empty"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find(":1: 'metrics_listen' must be IP:PORT or empty"), std::string::npos)
+      << metrics;
   auto listen = error_of(load_daemon_config(write("lease_s: 3\nlisten: 0.0.0.0:99999\n"), config));
   EXPECT_NE(listen.find(":2: 'listen' must be IP:PORT"), std::string::npos) << listen;
   auto level = error_of(load_daemon_config(write("log_level: loud\n"), config));
-  EXPECT_NE(level.find("'log_level' must be debug, info, warning or error"), std::string::npos) << level;
+  EXPECT_NE(level.find("'log_level' must be debug, info, warning or error"), std::string::npos)
+      << level;
   EXPECT_FALSE(load_daemon_config(write("stop_timeout_s: 0\n"), config));
 }
 
@@ -64,19 +67,21 @@ TEST(ParseListenAddress, TakesIpAndPortOnly) {
   EXPECT_EQ(*parse_listen_address("127.0.0.1:0"), tcp::endpoint(make_address("127.0.0.1"), 0));
   EXPECT_EQ(*parse_listen_address("::1:29400"), tcp::endpoint(make_address("::1"), 29400));
   EXPECT_EQ(*parse_listen_address("[::]:29400"), tcp::endpoint(make_address("::"), 29400));
-  for (const char* bad : {"", "127.0.0.1", "127.0.0.1:", "127.0.0.1:65536", "127.0.0.1:-1", "127.0.0.1:8o",
-                          "host:80", ":80", "unix:/run/r.sock"}) {
+  for (const char* bad : {"", "127.0.0.1", "127.0.0.1:", "127.0.0.1:65536", "127.0.0.1:-1",
+                          "127.0.0.1:8o", "host:80", ":80", "unix:/run/r.sock"}) {
     auto parsed = parse_listen_address(bad);
     ASSERT_FALSE(parsed) << bad;
-    EXPECT_EQ(parsed.error().message.rfind("'" + std::string(bad) + "': ", 0), 0u) << parsed.error().message;
+    EXPECT_EQ(parsed.error().message.rfind("'" + std::string(bad) + "': ", 0), 0u)
+        << parsed.error().message;
   }
 }
 
 TEST_F(DaemonConfigTest, KeysAreRead) {
   DaemonConfig config;
-  ASSERT_TRUE(load_daemon_config(write("listen: 127.0.0.1:0\nlease_s: 2.5\nlabel_precedence: [row]\n"
-                                       "max_connections: 10\nmax_heartbeats_per_second: 250\n"),
-                                 config));
+  ASSERT_TRUE(
+      load_daemon_config(write("listen: 127.0.0.1:0\nlease_s: 2.5\nlabel_precedence: [row]\n"
+                               "max_connections: 10\nmax_heartbeats_per_second: 250\n"),
+                         config));
   EXPECT_EQ(config.listen, "127.0.0.1:0");
   EXPECT_EQ(config.server.lease, std::chrono::milliseconds(2500));
   EXPECT_EQ(config.server.max_connections, 10u);
@@ -97,8 +102,10 @@ TEST_F(DaemonConfigTest, UnknownKeyAndWrongTypeNameTheLine) {
 
 TEST_F(DaemonConfigTest, ShippedCapsAreTheSessionDefaults) {
   DaemonConfig config;
-  config.server.session_limits = {.max_queued_bytes = 1, .messages_per_second = 1, .message_burst = 1};
-  ASSERT_TRUE(load_daemon_config(std::string(MCPRUN_SOURCE_DIR) + "/configs/rendezvousd.yaml", config));
+  config.server.session_limits = {
+      .max_queued_bytes = 1, .messages_per_second = 1, .message_burst = 1};
+  ASSERT_TRUE(
+      load_daemon_config(std::string(MCPRUN_SOURCE_DIR) + "/configs/rendezvousd.yaml", config));
   const SessionLimits defaults;
   EXPECT_EQ(config.server.session_limits.max_queued_bytes, defaults.max_queued_bytes);
   EXPECT_EQ(config.server.session_limits.messages_per_second, defaults.messages_per_second);
@@ -109,7 +116,8 @@ TEST_F(DaemonConfigTest, ShippedSizeIsTheDefaultAndHolds16384Agents) {
   DaemonConfig config;
   config.server.max_connections = 1;
   config.server.listen_backlog = 1;
-  ASSERT_TRUE(load_daemon_config(std::string(MCPRUN_SOURCE_DIR) + "/configs/rendezvousd.yaml", config));
+  ASSERT_TRUE(
+      load_daemon_config(std::string(MCPRUN_SOURCE_DIR) + "/configs/rendezvousd.yaml", config));
   const ServerSettings defaults;
   EXPECT_EQ(config.server.max_connections, defaults.max_connections);
   EXPECT_EQ(config.server.listen_backlog, defaults.listen_backlog);
@@ -134,10 +142,12 @@ TEST_F(DaemonConfigTest, ConnectionCapsAreReadAndChecked) {
   EXPECT_EQ(config.server.session_limits.message_burst, 1);
 
   const std::pair<const char*, const char*> refused[] = {
-      {"max_queued_bytes: 65539\n", ":1: 'max_queued_bytes' must be a byte count >= 65540 (one largest frame)"},
+      {"max_queued_bytes: 65539\n",
+       ":1: 'max_queued_bytes' must be a byte count >= 65540 (one largest frame)"},
       {"max_queued_bytes: lots\n", ":1: 'max_queued_bytes' must be a byte count >= 65540"},
       {"max_queued_bytes: -1\n", ":1: 'max_queued_bytes' must be a byte count >= 65540"},
-      {"lease_s: 3\nmessages_per_second: 0\n", ":2: 'messages_per_second' must be messages a second > 0"},
+      {"lease_s: 3\nmessages_per_second: 0\n",
+       ":2: 'messages_per_second' must be messages a second > 0"},
       {"messages_per_second: .nan\n", ":1: 'messages_per_second' must be messages a second > 0"},
       {"messages_per_second: .inf\n", ":1: 'messages_per_second' must be messages a second > 0"},
       {"message_burst: 0.5\n", ":1: 'message_burst' must be a message count >= 1"},

@@ -10,7 +10,7 @@ LaunchConfig parsed(std::vector<std::string> args) {
   auto result = parse_launch_config(args);
   EXPECT_TRUE(result && std::holds_alternative<LaunchConfig>(*result));
   return result && std::holds_alternative<LaunchConfig>(*result) ? std::get<LaunchConfig>(*result)
-                                                                  : LaunchConfig{};
+                                                                 : LaunchConfig{};
 }
 
 /// A plan of `local_ranks` on node `group_rank` of a job of `world_size` ranks.
@@ -40,8 +40,8 @@ TEST(DescriptorBudget, OnlyTheNodeServingTheStoreCountsTheJobsRanks) {
   // Torch unknown (2 connections) and the progress reporter's (1), per rank of the job.
   EXPECT_EQ(master - other, 32 * 3);
   // Through a rendezvous any node may become the master: each counts the most ranks it may serve.
-  LaunchConfig elastic = parsed({"--nnodes", "2:4", "-n", "8", "--rdzv-backend", "c10d",
-                                 "--rdzv-endpoint", "head:29400"});
+  LaunchConfig elastic = parsed(
+      {"--nnodes", "2:4", "-n", "8", "--rdzv-backend", "c10d", "--rdzv-endpoint", "head:29400"});
   EXPECT_GE(descriptors_needed(elastic, plan_of(8, 8, 0), false), master);
 }
 
@@ -58,12 +58,13 @@ TEST(DescriptorBudget, TheStoreHostCountsWhatTheWorkersTorchOpens) {
   torch2.torch = TorchVersion{2, 13, "2.13.0"};
   torch1.torch = TorchVersion{1, 13, "1.13.0"};
   const LaunchConfig watched = parsed({"--nnodes", "128", "-n", "8", "--master-addr", "10.0.0.1"});
-  const LaunchConfig unwatched = parsed({"--nnodes", "128", "-n", "8", "--master-addr", "10.0.0.1",
-                                         "--collective-timeout", "off"});
+  const LaunchConfig unwatched = parsed(
+      {"--nnodes", "128", "-n", "8", "--master-addr", "10.0.0.1", "--collective-timeout", "off"});
   EXPECT_EQ(descriptors_needed(watched, torch1, false) - descriptors_needed(watched, torch2, false),
             1024);
-  EXPECT_EQ(descriptors_needed(watched, torch2, false) - descriptors_needed(unwatched, torch2, false),
-            1024 * kProgressReporterDescriptors);
+  EXPECT_EQ(
+      descriptors_needed(watched, torch2, false) - descriptors_needed(unwatched, torch2, false),
+      1024 * kProgressReporterDescriptors);
 }
 
 TEST(DescriptorBudget, StackDumpsAndLogFilesCost) {
@@ -85,9 +86,9 @@ TEST(DescriptorBudget, AJobOverTheLimitIsRefusedInOneLine) {
   const std::string& message = refused.error().message;
   EXPECT_EQ(message.find('\n'), std::string::npos) << message;
   const std::string count = std::to_string(needed);
-  for (const std::string& part : {"-n 5000 needs up to " + count + " open files",
-                                  std::string("limit of 20000"), std::string("ulimit -n"),
-                                  std::string("ulimit -Hn"), "ulimit -Hn " + count})
+  for (const std::string& part :
+       {"-n 5000 needs up to " + count + " open files", std::string("limit of 20000"),
+        std::string("ulimit -n"), std::string("ulimit -Hn"), "ulimit -Hn " + count})
     EXPECT_NE(message.find(part), std::string::npos) << part << " in: " << message;
   // A word for -n names the count it came to.
   LaunchConfig gpus = parsed({"-n", "gpu"});

@@ -38,7 +38,9 @@ class FakeProbes : public DoctorProbes {
   Expected<ClockReading> clock = ClockReading{};
   std::vector<std::string> connected;  ///< Endpoints connect() was asked for.
 
-  Expected<FilesystemSpace> filesystem_space(const std::filesystem::path&) override { return space; }
+  Expected<FilesystemSpace> filesystem_space(const std::filesystem::path&) override {
+    return space;
+  }
   Expected<std::vector<std::string>> resolve(const std::string& host) override {
     if (hosts.contains(host)) return hosts.at(host);
     if (host.find_first_not_of("0123456789.") == std::string::npos)
@@ -606,9 +608,10 @@ TEST_F(DoctorTest, NcclThatTorchShipsWithIsOk) {
   probes.torch = cuda_torch("2.20.5", {"/venv/nvidia/nccl/lib/libnccl.so.2"});
   const CheckResult result = nccl_finding(inputs, probes);
   EXPECT_EQ(result.status, CheckStatus::kOk);
-  EXPECT_EQ(result.finding,
-            "torch 2.4.0+cu121 (CUDA 12.1) runs NCCL 2.20.5 from /venv/nvidia/nccl/lib/libnccl.so.2, "
-            "the version it ships with");
+  EXPECT_EQ(
+      result.finding,
+      "torch 2.4.0+cu121 (CUDA 12.1) runs NCCL 2.20.5 from /venv/nvidia/nccl/lib/libnccl.so.2, "
+      "the version it ships with");
 }
 
 TEST_F(DoctorTest, NcclOtherThanTheShippedOneWarnsNamingTheLibrary) {
@@ -622,14 +625,16 @@ TEST_F(DoctorTest, NcclOtherThanTheShippedOneWarnsNamingTheLibrary) {
 }
 
 TEST_F(DoctorTest, TwoNcclLibrariesInOneProcessWarn) {
-  probes.torch = cuda_torch("2.20.5", {"/opt/nccl/libnccl.so.2", "/venv/nvidia/nccl/lib/libnccl.so.2"});
+  probes.torch =
+      cuda_torch("2.20.5", {"/opt/nccl/libnccl.so.2", "/venv/nvidia/nccl/lib/libnccl.so.2"});
   const CheckResult result = nccl_finding(inputs, probes);
   EXPECT_EQ(result.status, CheckStatus::kWarn);
   EXPECT_NE(result.finding.find("has 2 NCCL libraries mapped"), std::string::npos);
 }
 
 TEST_F(DoctorTest, NcclThatCannotLoadOrATorchThatCannotBeAskedWarns) {
-  probes.torch = TorchNccl{"2.4.0+cu121", "12.1", "", "libnccl.so.2: cannot open shared object file", {}, ""};
+  probes.torch =
+      TorchNccl{"2.4.0+cu121", "12.1", "", "libnccl.so.2: cannot open shared object file", {}, ""};
   EXPECT_EQ(nccl_finding(inputs, probes).status, CheckStatus::kWarn);
   probes.torch = Error{"cannot import torch: No module named 'torch'"};
   const CheckResult result = nccl_finding(inputs, probes);
@@ -643,8 +648,8 @@ TEST_F(DoctorTest, NcclThatCannotLoadOrATorchThatCannotBeAskedWarns) {
 
 /// Node 1 of a two-node step of job 1234, as srun --ntasks-per-node=1 sets it.
 Environment slurm_step(int node_id) {
-  return {{"SLURM_JOB_ID", "1234"},         {"SLURM_STEP_ID", "0"},
-          {"SLURM_STEP_NUM_NODES", "2"},    {"SLURM_NODEID", std::to_string(node_id)},
+  return {{"SLURM_JOB_ID", "1234"},          {"SLURM_STEP_ID", "0"},
+          {"SLURM_STEP_NUM_NODES", "2"},     {"SLURM_NODEID", std::to_string(node_id)},
           {"SLURM_STEP_NODELIST", "n[1-2]"}, {"SLURM_STEP_TASKS_PER_NODE", "1(x2)"},
           {"SLURM_STEP_GPUS", "0,1"}};
 }
@@ -742,7 +747,7 @@ TEST_F(DoctorTest, SlurmChecksComeAfterTheEndpoints) {
   for (const CheckResult& result : run_checks(inputs, probes))
     if (names.empty() || names.back() != result.name) names.push_back(result.name);
   EXPECT_EQ(names, (std::vector<std::string>{"shm", "interface", "slurm", "slurm-master",
-                                            "environment", "gpus", "memlock", "hostname"}));
+                                             "environment", "gpus", "memlock", "hostname"}));
 }
 
 TEST_F(DoctorTest, AMalformedRendezvousEndpointFailsNamingIt) {
@@ -870,8 +875,9 @@ TEST(SystemDoctorProbes, ReadsWhatTheInterpreterAnswersAndNamesOneThatDoesNot) {
   };
   SystemDoctorProbes probes;
   auto answered = probes.torch_nccl(
-      interpreter("cuda-python", R"(echo '{"torch": "2.4.0", "cuda": "12.1", "loaded": "2.18.1", )"
-                                 R"("libraries": ["/usr/lib/libnccl.so.2"], "shipped": "2.20.5"}')"),
+      interpreter("cuda-python",
+                  R"(echo '{"torch": "2.4.0", "cuda": "12.1", "loaded": "2.18.1", )"
+                  R"("libraries": ["/usr/lib/libnccl.so.2"], "shipped": "2.20.5"}')"),
       current_environment());
   ASSERT_TRUE(answered) << answered.error().message;
   EXPECT_EQ(answered->loaded, "2.18.1");
@@ -883,7 +889,8 @@ TEST(SystemDoctorProbes, ReadsWhatTheInterpreterAnswersAndNamesOneThatDoesNot) {
   EXPECT_NE(silent.error().message.find("printed no answer (nothing)"), std::string::npos);
   auto missing = probes.torch_nccl((dir / "no-such-python").string(), current_environment());
   ASSERT_FALSE(missing);
-  EXPECT_NE(missing.error().message.find("No such file"), std::string::npos) << missing.error().message;
+  EXPECT_NE(missing.error().message.find("No such file"), std::string::npos)
+      << missing.error().message;
 }
 
 TEST(SystemDoctorProbes, ReportsARefusedClock) {

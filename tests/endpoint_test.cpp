@@ -58,8 +58,7 @@ TEST(Endpoint, PortZeroAndADefaultPortWhereTheCallerAllowsThem) {
   EXPECT_EQ(parsed("head", kDefaultPort), (Endpoint{"head", 29400, ""}));
   EXPECT_EQ(parsed("[fd00::1]", kDefaultPort), (Endpoint{"fd00::1", 29400, ""}));
   EXPECT_EQ(parsed("head:7", kDefaultPort).port, 7);
-  EXPECT_EQ(error_of("head:", kDefaultPort),
-            "'head:': the port must be a number from 1 to 65535");
+  EXPECT_EQ(error_of("head:", kDefaultPort), "'head:': the port must be a number from 1 to 65535");
 }
 
 TEST(Endpoint, PortAlone) {

@@ -38,10 +38,12 @@ TEST(FailureReport, NamesRootCauseOthersAndStopped) {
 
 TEST(FailureReport, NamesTheCollectiveEachRankWasInWhenGiven) {
   const auto workers = three_workers();
-  EXPECT_EQ(format_failure_report(workers, 1, "node-a", 0, 0).find("Collectives"), std::string::npos);
-  const std::string report = format_failure_report(
-      workers, 1, "node-a", 0, 0,
-      {{0, "in all_reduce #35 on group 0 (gloo) for 5 s"}, {1, "in barrier #35 on group 0 (gloo) for 5 s"}});
+  EXPECT_EQ(format_failure_report(workers, 1, "node-a", 0, 0).find("Collectives"),
+            std::string::npos);
+  const std::string report =
+      format_failure_report(workers, 1, "node-a", 0, 0,
+                            {{0, "in all_reduce #35 on group 0 (gloo) for 5 s"},
+                             {1, "in barrier #35 on group 0 (gloo) for 5 s"}});
   EXPECT_NE(report.find("Collectives at the failure (each rank's last progress record):\n"
                         "  rank 0: in all_reduce #35 on group 0 (gloo) for 5 s\n"
                         "  rank 1: in barrier #35"),
@@ -53,15 +55,19 @@ TEST(FailureReport, ShowsTheHintBesideTheRootCauseOnlyWhenGiven) {
   const auto workers = three_workers();
   EXPECT_EQ(format_failure_report(workers, 1, "node-a", 0, 0).find("hint:"), std::string::npos);
   const std::string report = format_failure_report(
-      workers, 1, "node-a", 0, 0, {}, "ranks 1 and 0 both ran on GPU 0000:00:06.0: --no-pin left every rank the same GPUs");
-  EXPECT_NE(report.find("  hint:       ranks 1 and 0 both ran on GPU 0000:00:06.0: --no-pin"), std::string::npos)
+      workers, 1, "node-a", 0, 0, {},
+      "ranks 1 and 0 both ran on GPU 0000:00:06.0: --no-pin left every rank the same GPUs");
+  EXPECT_NE(report.find("  hint:       ranks 1 and 0 both ran on GPU 0000:00:06.0: --no-pin"),
+            std::string::npos)
       << report;
   EXPECT_LT(report.find("hint:"), report.find("last output")) << report;
 }
 
 TEST(FailureReport, TheHintReadsTheTailThenTheRecordedMessage) {
-  auto path = std::filesystem::temp_directory_path() / ("error_hint_" + std::to_string(::getpid()) + ".json");
-  std::ofstream(path) << R"({"message": {"message": "DistBackendError: NCCL error\nLast error:\nDuplicate GPU detected : rank 1 and rank 0 both on CUDA device 60", "extraInfo": {"py_callstack": "", "timestamp": "1"}}})";
+  auto path = std::filesystem::temp_directory_path() /
+              ("error_hint_" + std::to_string(::getpid()) + ".json");
+  std::ofstream(path)
+      << R"({"message": {"message": "DistBackendError: NCCL error\nLast error:\nDuplicate GPU detected : rank 1 and rank 0 both on CUDA device 60", "extraInfo": {"py_callstack": "", "timestamp": "1"}}})";
   auto workers = three_workers();
   workers[1].error_file = path;
   const auto lines = failure_text(workers[1]);
@@ -72,8 +78,8 @@ TEST(FailureReport, TheHintReadsTheTailThenTheRecordedMessage) {
 }
 
 TEST(FailureReport, ShowsRecordedErrorFile) {
-  auto path = std::filesystem::temp_directory_path() /
-              ("error_" + std::to_string(::getpid()) + ".json");
+  auto path =
+      std::filesystem::temp_directory_path() / ("error_" + std::to_string(::getpid()) + ".json");
   std::ofstream(path) << R"({"message": {"message": "RuntimeError: bad batch",
       "extraInfo": {"py_callstack": "Traceback (most recent call last):\n  File \"t.py\"",
                     "timestamp": "1700000000"}}})";

@@ -197,8 +197,14 @@ class FakeProcessControl final : public ProcessControl {
     if (auto own = target.reactions.find(signal); own != target.reactions.end()) return own->second;
     if (auto common = reactions_.find(signal); common != reactions_.end()) return common->second;
     switch (signal) {
-      case SIGCHLD: case SIGCONT: case SIGURG: case SIGWINCH:  // Ignored by default.
-      case SIGSTOP: case SIGTSTP: case SIGTTIN: case SIGTTOU:  // Stop: the fake never stops.
+      case SIGCHLD:
+      case SIGCONT:
+      case SIGURG:
+      case SIGWINCH:  // Ignored by default.
+      case SIGSTOP:
+      case SIGTSTP:
+      case SIGTTIN:
+      case SIGTTOU:  // Stop: the fake never stops.
         return std::nullopt;
       default:
         return FakeEnding::killed_by(signal);

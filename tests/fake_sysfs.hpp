@@ -21,12 +21,12 @@ struct FakePciDevice {
   std::string bus_id = {};
   std::optional<int> numa_node = 0;  ///< nullopt: no numa_node file at all.
   std::string local_cpulist = {};
-  std::string switch_bus_id = {};    ///< Empty: straight under the root complex.
+  std::string switch_bus_id = {};  ///< Empty: straight under the root complex.
   std::string device_class = "0x030200";
   std::string vendor = "0x10de";
   int link_width = 8, max_link_width = 16;
   std::string link_speed = "8.0 GT/s PCIe", max_link_speed = "16.0 GT/s PCIe";
-  bool symlinked = true;             ///< false: a plain directory under bus/pci/devices.
+  bool symlinked = true;  ///< false: a plain directory under bus/pci/devices.
 };
 
 /// One logical CPU to plant under devices/system/cpu/cpuN.

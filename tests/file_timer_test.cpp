@@ -22,8 +22,7 @@ constexpr std::chrono::seconds kTestDeadline{5};
 constexpr double kReportLatency = 0.1;
 
 double now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 /// The line torch's FileTimerRequest.to_json() writes.
@@ -58,14 +57,16 @@ class FileTimerTest : public ::testing::Test {
 
   /// Runs the loop until `count` reports arrived; false if they did not within the deadline.
   bool wait_for_reports(size_t count) {
-    return run_until(io_, [&] { return expired_.size() >= count; }, kTestDeadline);
+    return run_until(
+        io_, [&] { return expired_.size() >= count; }, kTestDeadline);
   }
 
   /// Runs the loop until the wall clock reaches `epoch_seconds`.
   void run_past(double epoch_seconds) {
     const auto wait = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
         std::chrono::duration<double>(epoch_seconds - now()));
-    run_until(io_, [] { return false; }, wait);
+    run_until(
+        io_, [] { return false; }, wait);
   }
 
   boost::asio::io_context io_;
@@ -124,7 +125,8 @@ TEST_F(FileTimerTest, ReleasedScopeIsNeverReported) {
 TEST_F(FileTimerTest, ClearedPidIsNeverReported) {
   const double expiration = now() + 0.3;
   send(request(7, "step", expiration, 9));
-  run_until(io_, [] { return false; }, std::chrono::milliseconds(50));  // Lets the server read it.
+  run_until(
+      io_, [] { return false; }, std::chrono::milliseconds(50));  // Lets the server read it.
   server_->clear_pid(7);
   run_past(expiration + 0.3);
   EXPECT_TRUE(expired_.empty());
@@ -132,17 +134,21 @@ TEST_F(FileTimerTest, ClearedPidIsNeverReported) {
 
 TEST_F(FileTimerTest, MalformedLinesAreIgnored) {
   send("not json\n");
-  send(R"({"pid": "seven", "scope_id": "x", "expiration_time": 1, "signal": 9})" "\n");
-  send(R"({"pid": 7, "expiration_time": 1})" "\n");
+  send(R"({"pid": "seven", "scope_id": "x", "expiration_time": 1, "signal": 9})"
+       "\n");
+  send(R"({"pid": 7, "expiration_time": 1})"
+       "\n");
   send("[1, 2, 3]\n");
-  send(R"({"version": 2, "pid": 7, "scope_id": "x", "expiration_time": 1, "signal": 9})" "\n");
+  send(R"({"version": 2, "pid": 7, "scope_id": "x", "expiration_time": 1, "signal": 9})"
+       "\n");
   send(std::string(2 * kMaxTimerRequestBytes, 'x') + "\n");
   send("\n");
   // A line that arrives in pieces is joined.
   const std::string good = request(8, "ok", now() - 1, 0);
   UniqueFd writer(::open(path_.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC));
   ASSERT_EQ(::write(writer.get(), good.data(), 10), 10);
-  run_until(io_, [] { return false; }, std::chrono::milliseconds(50));
+  run_until(
+      io_, [] { return false; }, std::chrono::milliseconds(50));
   ASSERT_EQ(::write(writer.get(), good.data() + 10, good.size() - 10),
             static_cast<ssize_t>(good.size() - 10));
   ASSERT_TRUE(wait_for_reports(1));
@@ -153,7 +159,8 @@ TEST_F(FileTimerTest, MalformedLinesAreIgnored) {
 
 TEST_F(FileTimerTest, FarFutureExpirationJustWaits) {
   send(request(9, "forever", 1e300, 9));
-  run_until(io_, [] { return false; }, std::chrono::milliseconds(50));
+  run_until(
+      io_, [] { return false; }, std::chrono::milliseconds(50));
   EXPECT_TRUE(expired_.empty());
 }
 
@@ -178,7 +185,8 @@ TEST_F(FileTimerTest, PrefersTheEarliestScopeThatNamesASignal) {
   ASSERT_TRUE(wait_for_reports(1));
   EXPECT_EQ(expired_[0].scope_id, "kill");
   EXPECT_EQ(expired_[0].signal, 15);
-  run_until(io_, [] { return false; }, std::chrono::milliseconds(50));
+  run_until(
+      io_, [] { return false; }, std::chrono::milliseconds(50));
   EXPECT_EQ(expired_.size(), 1u);
 }
 

@@ -7,14 +7,12 @@
 #include <boost/asio/local/connect_pair.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
 #include <boost/asio/write.hpp>
-
 #include <functional>
 #include <stdexcept>
 
-#include "tests/temp_dir.hpp"
-
 #include "common/event_loop.hpp"
 #include "common/protocol.hpp"
+#include "tests/temp_dir.hpp"
 
 namespace mcprun {
 namespace {
@@ -55,12 +53,14 @@ struct Pair {
   explicit Pair(SessionLimits limits, std::string reply = "") {
     local::socket ours(io);
     asio::local::connect_pair(ours, peer);
-    session = std::make_shared<EchoSession>(FramedSession::Socket(std::move(ours)), limits, std::move(reply));
+    session = std::make_shared<EchoSession>(FramedSession::Socket(std::move(ours)), limits,
+                                            std::move(reply));
     session->start(std::chrono::milliseconds::zero());
   }
   void send(const std::string& bytes) { asio::write(peer, asio::buffer(bytes)); }
   bool run_until_closed() {
-    return run_until(io, [&] { return session->closed_seen; }, std::chrono::seconds(5));
+    return run_until(
+        io, [&] { return session->closed_seen; }, std::chrono::seconds(5));
   }
 };
 
@@ -89,8 +89,9 @@ TEST(FramedSession, MessagesKeepADeadlineOpenAndSilenceThenClosesIt) {
     });
   };
   next();
-  EXPECT_TRUE(run_until(pair.io, [&] { return pair.session->messages == 8 || pair.session->closed_seen; },
-                        std::chrono::seconds(5)));
+  EXPECT_TRUE(run_until(
+      pair.io, [&] { return pair.session->messages == 8 || pair.session->closed_seen; },
+      std::chrono::seconds(5)));
   EXPECT_FALSE(pair.session->closed_seen) << pair.session->cut_reason;
   EXPECT_TRUE(pair.run_until_closed());
   EXPECT_EQ(pair.session->cut_reason, "silent for too long");
@@ -209,7 +210,8 @@ TEST(ConnectWithin, NothingListeningIsRefusedAtOnce) {
   auto unix_socket = connect_within(dial.io, Endpoint{"", 0, dial.path}, std::chrono::seconds(5));
   ASSERT_FALSE(unix_socket);
   EXPECT_EQ(unix_socket.error().message, "No such file or directory");
-  auto unresolved = connect_within(dial.io, Endpoint{"no-such-host.invalid", 1, ""}, std::chrono::seconds(5));
+  auto unresolved =
+      connect_within(dial.io, Endpoint{"no-such-host.invalid", 1, ""}, std::chrono::seconds(5));
   ASSERT_FALSE(unresolved);
   EXPECT_EQ(unresolved.error().message.rfind("cannot resolve no-such-host.invalid: ", 0), 0u);
 }
@@ -240,7 +242,6 @@ TEST(ConnectWithin, AListenerThatNeverAcceptsCostsTheDeadline) {
     ASSERT_FALSE(tcp);
     EXPECT_EQ(tcp.error().message, "no answer within 0.3 s");
   });
-
 
   local::acceptor unix_listener(dial.io, local());
   unix_listener.bind(local::endpoint(dial.path));

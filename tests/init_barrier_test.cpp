@@ -1,5 +1,7 @@
 // The init barrier as real torch clients drive it: byte captures of torch 1.13's and 2.13's
 // env:// init (scripts/capture-store-traffic) replayed through the job store's protocol.
+#include "launcher/store/init_barrier.hpp"
+
 #include <gtest/gtest.h>
 
 #include <boost/asio/ip/address.hpp>
@@ -8,7 +10,6 @@
 #include <functional>
 #include <map>
 
-#include "launcher/store/init_barrier.hpp"
 #include "launcher/store/torch_keys.hpp"
 
 namespace mcprun {
@@ -67,7 +68,8 @@ struct Replay {
       const uint64_t connection = chunk.connection + 1;
       auto [it, fresh] = protocols.try_emplace(connection, state, connection);
       if (fresh)
-        watch.observe({StoreEvent::Kind::kConnected, connection, WatchingOutlet::peer(connection), {}, 0});
+        watch.observe(
+            {StoreEvent::Kind::kConnected, connection, WatchingOutlet::peer(connection), {}, 0});
       std::string& pending = unread[connection];
       pending += chunk.bytes;
       std::string replies;

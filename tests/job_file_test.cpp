@@ -141,11 +141,15 @@ TEST_F(JobFileTest, WrongShapesAndValuesNameKeyLineAndWhatWasExpected) {
 
 TEST_F(JobFileTest, PreflightTakesItsValueOrABool) {
   using Preflight = LaunchConfig::Preflight;
-  EXPECT_EQ(parse_ok({"--config", write("preflight: fail\nscript: t.py\n")}).preflight, Preflight::kFail);
-  EXPECT_EQ(parse_ok({"--config", write("preflight: true\nscript: t.py\n")}).preflight, Preflight::kWarn);
-  EXPECT_EQ(parse_ok({"--config", write("preflight: no\nscript: t.py\n")}).preflight, Preflight::kOff);
+  EXPECT_EQ(parse_ok({"--config", write("preflight: fail\nscript: t.py\n")}).preflight,
+            Preflight::kFail);
+  EXPECT_EQ(parse_ok({"--config", write("preflight: true\nscript: t.py\n")}).preflight,
+            Preflight::kWarn);
+  EXPECT_EQ(parse_ok({"--config", write("preflight: no\nscript: t.py\n")}).preflight,
+            Preflight::kOff);
   const std::string path = write("preflight: maybe\nscript: t.py\n");
-  EXPECT_NE(parse_error({"--config", path}).find(path + ":1: preflight: expected"), std::string::npos);
+  EXPECT_NE(parse_error({"--config", path}).find(path + ":1: preflight: expected"),
+            std::string::npos);
 }
 
 TEST_F(JobFileTest, McprunsOwnChecksOfAFileValueNameItsLine) {
@@ -192,8 +196,7 @@ TEST_F(JobFileTest, EveryFlagHasAKey) {
   ASSERT_TRUE(loaded) << loaded.error().message;
   EXPECT_EQ(text, "hello");
   EXPECT_TRUE(on);
-  EXPECT_EQ(loaded->flag_lines,
-            (std::map<std::string, int>{{"some-text", 1}, {"some-flag", 2}}));
+  EXPECT_EQ(loaded->flag_lines, (std::map<std::string, int>{{"some-text", 1}, {"some-flag", 2}}));
 }
 
 }  // namespace

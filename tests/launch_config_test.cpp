@@ -64,12 +64,21 @@ TEST(LaunchConfig, NprocWords) {
 }
 
 TEST(LaunchConfig, BadInputIsOneLine) {
-  for (const auto& args : std::vector<std::vector<std::string>>{
-           {"--bogus", "t.py"}, {"-n", "0", "t.py"}, {"-n", "-1", "t.py"}, {"-n", "x", "t.py"},
-           {"-r", "0:9", "t.py"}, {"-r", "nonsense", "t.py"}, {"--local-ranks-filter", "a", "t.py"},
-           {"-n", "2"}, {"--nnodes", "2:1", "t.py"}, {"--nnodes", "2", "--rdzv-backend", "c10d", "t.py"},
-           {"--nnodes", "1:2", "t.py"}, {"--rdzv-conf", "bogus=1", "t.py"},
-           {"--topology-labels", "rack", "t.py"}, {"--start-method", "thread", "t.py"}}) {
+  for (const auto& args :
+       std::vector<std::vector<std::string>>{{"--bogus", "t.py"},
+                                             {"-n", "0", "t.py"},
+                                             {"-n", "-1", "t.py"},
+                                             {"-n", "x", "t.py"},
+                                             {"-r", "0:9", "t.py"},
+                                             {"-r", "nonsense", "t.py"},
+                                             {"--local-ranks-filter", "a", "t.py"},
+                                             {"-n", "2"},
+                                             {"--nnodes", "2:1", "t.py"},
+                                             {"--nnodes", "2", "--rdzv-backend", "c10d", "t.py"},
+                                             {"--nnodes", "1:2", "t.py"},
+                                             {"--rdzv-conf", "bogus=1", "t.py"},
+                                             {"--topology-labels", "rack", "t.py"},
+                                             {"--start-method", "thread", "t.py"}}) {
     std::string message = parse_error(args);
     EXPECT_FALSE(message.empty()) << args[0];
     EXPECT_EQ(message.find('\n'), std::string::npos) << message;
@@ -108,7 +117,8 @@ TEST(LaunchConfig, StandaloneIsOneNode) {
   for (const char* nnodes : {"2", "1:2", "2:4"}) {
     const std::string message = parse_error({"--standalone", "--nnodes", nnodes, "t.py"});
     EXPECT_NE(message.find("--standalone is a one-node job, but --nnodes " + std::string(nnodes)),
-              std::string::npos) << message;
+              std::string::npos)
+        << message;
     EXPECT_EQ(message.find('\n'), std::string::npos) << message;
   }
   // What torchrun's docs show, its min:max spelling, and the rendezvous flags it ignores.
@@ -118,8 +128,9 @@ TEST(LaunchConfig, StandaloneIsOneNode) {
     EXPECT_EQ(config.max_nodes, 1);
     EXPECT_EQ(config.master_addr, "127.0.0.1");
   }
-  EXPECT_FALSE(parse_ok({"--standalone", "--rdzv-backend", "c10d", "--rdzv-endpoint",
-                         "node0:29400", "t.py"}).uses_rendezvous());
+  EXPECT_FALSE(
+      parse_ok({"--standalone", "--rdzv-backend", "c10d", "--rdzv-endpoint", "node0:29400", "t.py"})
+          .uses_rendezvous());
   ::setenv("PET_NNODES", "2", 1);
   EXPECT_NE(parse_error({"--standalone", "t.py"}).find("--nnodes 2"), std::string::npos);
   ::unsetenv("PET_NNODES");
@@ -194,9 +205,10 @@ TEST(LaunchConfig, AmbiguousPrefixNamesTheCandidates) {
 }
 
 TEST(LaunchConfig, QuotedRdzvConfIsUnquoted) {
-  for (const char* text : {"'join_timeout=5,last_call_timeout=1'", "\"join_timeout=5,last_call_timeout=1\"",
-                           "'join_timeout=5','last_call_timeout=1'", "join_timeout='5',last_call_timeout=\"1\"",
-                           " join_timeout = 5 , last_call_timeout=1 "}) {
+  for (const char* text :
+       {"'join_timeout=5,last_call_timeout=1'", "\"join_timeout=5,last_call_timeout=1\"",
+        "'join_timeout=5','last_call_timeout=1'", "join_timeout='5',last_call_timeout=\"1\"",
+        " join_timeout = 5 , last_call_timeout=1 "}) {
     LaunchConfig config = parse_ok({"--rdzv-conf", text, "t.py"});
     EXPECT_EQ(config.join_timeout, 5) << text;
     EXPECT_EQ(config.last_call_timeout, 1) << text;
@@ -214,14 +226,16 @@ TEST(LaunchConfig, TorchrunRdzvConfKeysAreAcceptedWithOneWarning) {
   EXPECT_EQ(config.join_timeout, 5);
   EXPECT_EQ(config.is_host, true);
   ASSERT_EQ(config.warnings.size(), 1u);
-  for (const char* key : {"timeout", "close_timeout", "read_timeout", "heartbeat_timeout",
-                          "keep_alive_interval", "keep_alive_max_attempt", "store_type", "use_libuv"})
+  for (const char* key :
+       {"timeout", "close_timeout", "read_timeout", "heartbeat_timeout", "keep_alive_interval",
+        "keep_alive_max_attempt", "store_type", "use_libuv"})
     EXPECT_NE(config.warnings[0].find(key), std::string::npos) << key;
   EXPECT_EQ(parse_ok({"--rdzv-conf", "is_host=F", "t.py"}).is_host, false);
   // Honoured keys with malformed values, a missing value and unknown keys are usage errors.
   for (const char* text : {"join_timeout=soon", "last_call_timeout=-1", "is_host=maybe",
                            "join_timeout=", "join_timout=5"})
-    EXPECT_NE(parse_error({"--rdzv-conf", text, "t.py"}).find("--rdzv-conf"), std::string::npos) << text;
+    EXPECT_NE(parse_error({"--rdzv-conf", text, "t.py"}).find("--rdzv-conf"), std::string::npos)
+        << text;
 }
 
 TEST(LaunchConfig, StaticRdzvEndpointIsTheMaster) {
@@ -238,31 +252,37 @@ TEST(LaunchConfig, StaticRdzvEndpointIsTheMaster) {
   EXPECT_EQ(ipv6.master_addr, "::1");
   EXPECT_EQ(ipv6.master_port, 29612);
   // Without a port torchrun's static rendezvous refuses; so does mcprun.
-  EXPECT_NE(parse_error({"--rdzv-endpoint", "node0", "t.py"}).find("--rdzv-endpoint"), std::string::npos);
-  EXPECT_NE(parse_error({"--rdzv-endpoint", "node0:http", "t.py"}).find("--rdzv-endpoint"), std::string::npos);
+  EXPECT_NE(parse_error({"--rdzv-endpoint", "node0", "t.py"}).find("--rdzv-endpoint"),
+            std::string::npos);
+  EXPECT_NE(parse_error({"--rdzv-endpoint", "node0:http", "t.py"}).find("--rdzv-endpoint"),
+            std::string::npos);
   // c10d: the endpoint is the rendezvous, not the master.
-  LaunchConfig c10d = parse_ok({"--rdzv-backend", "c10d", "--rdzv-endpoint", "node0:29400",
-                                "--nnodes", "1:2", "t.py"});
+  LaunchConfig c10d = parse_ok(
+      {"--rdzv-backend", "c10d", "--rdzv-endpoint", "node0:29400", "--nnodes", "1:2", "t.py"});
   EXPECT_EQ(c10d.master_addr, "127.0.0.1");
   EXPECT_EQ(c10d.rdzv_endpoint, "node0:29400");
 }
 
 TEST(LaunchConfig, C10dEndpointWithoutPortIsTorchrunsDefault29400) {
   // torch's c10d backend: parse_rendezvous_endpoint(endpoint, default_port=29400).
-  for (const auto& [given, meant] : std::vector<std::pair<std::string, std::string>>{
-           {"node0", "node0:29400"}, {"[fd00::1]", "[fd00::1]:29400"},
-           {"node0:29555", "node0:29555"}, {"unix:/run/r.sock", "unix:/run/r.sock"}}) {
-    LaunchConfig config = parse_ok({"--rdzv-backend", "c10d", "--rdzv-endpoint", given,
-                                    "--nnodes", "2", "t.py"});
+  for (const auto& [given, meant] :
+       std::vector<std::pair<std::string, std::string>>{{"node0", "node0:29400"},
+                                                        {"[fd00::1]", "[fd00::1]:29400"},
+                                                        {"node0:29555", "node0:29555"},
+                                                        {"unix:/run/r.sock", "unix:/run/r.sock"}}) {
+    LaunchConfig config =
+        parse_ok({"--rdzv-backend", "c10d", "--rdzv-endpoint", given, "--nnodes", "2", "t.py"});
     EXPECT_EQ(config.rdzv_endpoint, meant) << given;
   }
-  EXPECT_NE(parse_error({"--rdzv-backend", "c10d", "--rdzv-endpoint", "node0:x", "--nnodes", "2",
-                         "t.py"}).find("--rdzv-endpoint 'node0:x'"),
-            std::string::npos);
+  EXPECT_NE(
+      parse_error({"--rdzv-backend", "c10d", "--rdzv-endpoint", "node0:x", "--nnodes", "2", "t.py"})
+          .find("--rdzv-endpoint 'node0:x'"),
+      std::string::npos);
 }
 
 TEST(LaunchConfig, SignalsToHandle) {
-  EXPECT_EQ(parse_ok({"t.py"}).signals_to_handle, (std::set<int>{SIGTERM, SIGINT, SIGHUP, SIGQUIT}));
+  EXPECT_EQ(parse_ok({"t.py"}).signals_to_handle,
+            (std::set<int>{SIGTERM, SIGINT, SIGHUP, SIGQUIT}));
   LaunchConfig slurm = parse_ok({"--signals-to-handle", "SIGTERM,SIGINT,SIGUSR1,SIGUSR2", "t.py"});
   EXPECT_EQ(slurm.signals_to_handle, (std::set<int>{SIGTERM, SIGINT, SIGUSR1, SIGUSR2}));
   EXPECT_EQ(parse_ok({"--signals_to_handle=SIGTERM, USR1", "t.py"}).signals_to_handle,
@@ -300,7 +320,8 @@ TEST(LaunchConfig, TorchrunOnlyFlagsAreAcceptedHonestly) {
   EXPECT_NE(handler.warnings[0].find("event log"), std::string::npos);
   parse_ok({"--logs-specs", "default", "t.py"});
   parse_ok({"--logs_specs=default", "t.py"});
-  EXPECT_NE(parse_error({"--logs_specs=DOESNOT_EXIST", "t.py"}).find("--logs-specs"), std::string::npos);
+  EXPECT_NE(parse_error({"--logs_specs=DOESNOT_EXIST", "t.py"}).find("--logs-specs"),
+            std::string::npos);
   parse_ok({"--duplicate-stdout-filters", "''", "--duplicate_stderr_filters=''", "t.py"});
   EXPECT_NE(parse_error({"--duplicate-stdout-filters", "apple,orange", "t.py"}).find("apple"),
             std::string::npos);
@@ -313,12 +334,12 @@ TEST(LaunchConfig, TorchrunOnlyFlagsAreAcceptedHonestly) {
   ::unsetenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
   EXPECT_EQ(parse_ok({"t.py"}).term_timeout, 10);
   // The rest of torch 2.x's run.py, as users type them.
-  LaunchConfig config = parse_ok(
-      {"--nnodes=1", "--nproc_per_node=2", "--rdzv_id=job7", "--rdzv_backend=static",
-       "--monitor_interval=1", "--start_method=spawn", "--role=trainer", "--log_dir=/tmp/l",
-       "--redirects=0:3", "--tee=1", "--local_ranks_filter=0", "--node_rank=0",
-       "--master_addr=localhost", "--master_port=29501", "--local_addr=127.0.0.1", "--max_restarts=1",
-       "--run_path", "t.py"});
+  LaunchConfig config =
+      parse_ok({"--nnodes=1", "--nproc_per_node=2", "--rdzv_id=job7", "--rdzv_backend=static",
+                "--monitor_interval=1", "--start_method=spawn", "--role=trainer",
+                "--log_dir=/tmp/l", "--redirects=0:3", "--tee=1", "--local_ranks_filter=0",
+                "--node_rank=0", "--master_addr=localhost", "--master_port=29501",
+                "--local_addr=127.0.0.1", "--max_restarts=1", "--run_path", "t.py"});
   EXPECT_EQ(config.role, "trainer");
   EXPECT_EQ(config.rdzv_id, "job7");
   EXPECT_EQ(config.master_addr, "localhost");

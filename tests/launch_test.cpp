@@ -30,8 +30,9 @@ class LaunchTest : public ::testing::Test {
 
   /// Two unpinned ranks of an executable (never started), with the run's folder under the test's.
   LaunchConfig configure(std::vector<std::string> flags) {
-    std::vector<std::string> args{"--no-slurm", "--no-python", "--no-pin", "--nproc-per-node", "2",
-                                  "--log-dir", dir_.path().string()};
+    std::vector<std::string> args{"--no-slurm",        "--no-python", "--no-pin",
+                                  "--nproc-per-node",  "2",           "--log-dir",
+                                  dir_.path().string()};
     args.insert(args.end(), flags.begin(), flags.end());
     args.push_back("/bin/true");
     auto parsed = parse_launch_config(args);

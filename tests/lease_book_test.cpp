@@ -1,6 +1,6 @@
-#include <gtest/gtest.h>
-
 #include "rendezvous/lease_book.hpp"
+
+#include <gtest/gtest.h>
 
 namespace mcprun {
 namespace {
@@ -22,7 +22,8 @@ TEST(LeaseBook, ShortageNamesWhoHoldsWhat) {
   LeaseBook book({"a", "b"}, 29500, 29510);
   ASSERT_TRUE(book.grant(1, 2, "alice, job x", kAnyPortFree));
   EXPECT_FALSE(book.grant(2, 1, "bob, job y", kAnyPortFree));
-  EXPECT_EQ(book.shortage(1), "1 GPU(s) wanted, 0 of 2 free; held by alice, job x (a,b, port 29500)");
+  EXPECT_EQ(book.shortage(1),
+            "1 GPU(s) wanted, 0 of 2 free; held by alice, job x (a,b, port 29500)");
 }
 
 TEST(LeaseBook, ReleaseFreesGpusAndPortForTheNextJob) {

@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <boost/asio/io_context.hpp>
-
 #include <memory>
 
 namespace mcprun {

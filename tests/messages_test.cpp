@@ -31,65 +31,134 @@ struct Case {
 };
 
 std::vector<Case> cases() {
-  const json join = {{"type", "join"}, {"job", "j"}, {"node", "a"}, {"addr", "10.0.0.1"},
-                     {"nproc", 2}, {"master_port", 29500}, {"node_rank", -1},
-                     {"labels", {{"rack", "r1"}}}, {"gpus", json::array({{{"bus_id", "0:1"}}})},
-                     {"min_nodes", 1}, {"max_nodes", 2}, {"join_timeout_s", 120.0},
-                     {"last_call_timeout_s", 5.0}, {"token", "t"}, {"restart_count", 2},
+  const json join = {{"type", "join"},
+                     {"job", "j"},
+                     {"node", "a"},
+                     {"addr", "10.0.0.1"},
+                     {"nproc", 2},
+                     {"master_port", 29500},
+                     {"node_rank", -1},
+                     {"labels", {{"rack", "r1"}}},
+                     {"gpus", json::array({{{"bus_id", "0:1"}}})},
+                     {"min_nodes", 1},
+                     {"max_nodes", 2},
+                     {"join_timeout_s", 120.0},
+                     {"last_call_timeout_s", 5.0},
+                     {"token", "t"},
+                     {"restart_count", 2},
                      {"progress", false}};
   json rejoin = join;
   rejoin["type"] = "rejoin";
-  rejoin["assignment"] = {{"group_rank", 0}, {"group_world_size", 2}, {"world_size", 4},
+  rejoin["assignment"] = {{"group_rank", 0},  {"group_world_size", 2},     {"world_size", 4},
                           {"rank_offset", 0}, {"master_addr", "10.0.0.1"}, {"master_port", 29500}};
   return {
       {"join", parser(parse_join), join, {"job", "node", "nproc", "min_nodes", "max_nodes"}},
       {"rejoin", parser(parse_rejoin), rejoin, {"job", "node", "nproc", "assignment"}},
-      {"lease", parser(parse_lease_request),
-       {{"type", "lease"}, {"gpus", 2}, {"wait_s", 1.5}, {"job", "x"},
-        {"held_gpus", {"0000:01:00.0"}}, {"held_port", 29500}},
+      {"lease",
+       parser(parse_lease_request),
+       {{"type", "lease"},
+        {"gpus", 2},
+        {"wait_s", 1.5},
+        {"job", "x"},
+        {"held_gpus", {"0000:01:00.0"}},
+        {"held_port", 29500}},
        {}},
-      {"stop", parser(parse_operator_request), {{"type", "stop"}, {"job", "x"}, {"token", "t"}}, {"job"}},
-      {"barrier arrival", parser(parse_barrier_arrival), {{"type", "barrier"}, {"name", "b"}, {"rank", 3}},
+      {"stop",
+       parser(parse_operator_request),
+       {{"type", "stop"}, {"job", "x"}, {"token", "t"}},
+       {"job"}},
+      {"barrier arrival",
+       parser(parse_barrier_arrival),
+       {{"type", "barrier"}, {"name", "b"}, {"rank", 3}},
        {"name", "rank"}},
-      {"failed", parser(parse_failed),
-       {{"type", "failed"}, {"node", "a"}, {"reason", "rank 1 exited 7"}, {"exit_code", 7}}, {}},
-      {"stall", parser(parse_stall),
-       {{"type", "stall"}, {"kind", "barrier"}, {"what", "barrier b"}, {"barrier", "b"}, {"rank", 1},
-        {"noticed_on", "h"}, {"arrived", {{"10.0.0.1", {1, 2}}}}},
+      {"failed",
+       parser(parse_failed),
+       {{"type", "failed"}, {"node", "a"}, {"reason", "rank 1 exited 7"}, {"exit_code", 7}},
+       {}},
+      {"stall",
+       parser(parse_stall),
+       {{"type", "stall"},
+        {"kind", "barrier"},
+        {"what", "barrier b"},
+        {"barrier", "b"},
+        {"rank", 1},
+        {"noticed_on", "h"},
+        {"arrived", {{"10.0.0.1", {1, 2}}}}},
        {"kind", "what"}},
-      {"stall_report", parser(parse_stall_report), {{"type", "stall_report"}, {"node", "a"}, {"ranks", json::array()}},
+      {"stall_report",
+       parser(parse_stall_report),
+       {{"type", "stall_report"}, {"node", "a"}, {"ranks", json::array()}},
        {"ranks"}},
-      {"straggler", parser(parse_straggler), {{"type", "straggler"}, {"node", "a"}, {"line", "straggler: rank 3"}},
+      {"straggler",
+       parser(parse_straggler),
+       {{"type", "straggler"}, {"node", "a"}, {"line", "straggler: rank 3"}},
        {"line"}},
       {"joined", parser(parse_pace), {{"type", "joined"}, {"heartbeat_interval_ms", 5000}}, {}},
       {"pace", parser(parse_pace), {{"type", "pace"}, {"heartbeat_interval_ms", 16384}}, {}},
-      {"assignment", parser(parse_assignment),
-       {{"type", "assignment"}, {"group_rank", 1}, {"group_world_size", 2}, {"world_size", 4},
-        {"rank_offset", 2}, {"master_addr", "10.0.0.1"}, {"master_port", 29500}},
-       {"group_rank", "group_world_size", "world_size", "rank_offset", "master_addr", "master_port"}},
-      {"progress", parser(parse_progress),
-       {{"type", "progress"}, {"joined", 1}, {"min_nodes", 2}, {"max_nodes", 2}, {"names", {"a"}},
+      {"assignment",
+       parser(parse_assignment),
+       {{"type", "assignment"},
+        {"group_rank", 1},
+        {"group_world_size", 2},
+        {"world_size", 4},
+        {"rank_offset", 2},
+        {"master_addr", "10.0.0.1"},
+        {"master_port", 29500}},
+       {"group_rank", "group_world_size", "world_size", "rank_offset", "master_addr",
+        "master_port"}},
+      {"progress",
+       parser(parse_progress),
+       {{"type", "progress"},
+        {"joined", 1},
+        {"min_nodes", 2},
+        {"max_nodes", 2},
+        {"names", {"a"}},
         {"remaining_s", 3.5}},
        {}},
       {"lost", parser(parse_node_notice), {{"type", "lost"}, {"node", "b"}}, {}},
       {"error", parser(parse_text), {{"type", "error"}, {"message", "refused"}}, {}},
-      {"barrier_done", parser(parse_barrier_done), {{"type", "barrier_done"}, {"name", "b"}}, {"name"}},
-      {"lease grant", parser(parse_lease_grant),
-       {{"type", "lease"}, {"gpus", {"0000:01:00.0"}}, {"port", 29500}, {"heartbeat_interval_ms", 5000}},
+      {"barrier_done",
+       parser(parse_barrier_done),
+       {{"type", "barrier_done"}, {"name", "b"}},
+       {"name"}},
+      {"lease grant",
+       parser(parse_lease_grant),
+       {{"type", "lease"},
+        {"gpus", {"0000:01:00.0"}},
+        {"port", 29500},
+        {"heartbeat_interval_ms", 5000}},
        {"port"}},
       {"hello", parser(parse_hello), {{"type", "hello"}, {"rank", 0}, {"pid", 42}}, {"rank"}},
-      {"barrier request", parser(parse_barrier_request), {{"type", "barrier"}, {"name", "b"}, {"timeout_s", 30.0}},
+      {"barrier request",
+       parser(parse_barrier_request),
+       {{"type", "barrier"}, {"name", "b"}, {"timeout_s", 30.0}},
        {"name"}},
-      {"jobs reply", parser(parse_jobs_reply),
-       {{"type", "jobs"}, {"jobs", {{{"id", "x"}, {"owner", "u"}, {"nodes", 1}, {"ranks", 2},
-                                     {"state", "running"}, {"age_s", 1.5}}}}},
+      {"jobs reply",
+       parser(parse_jobs_reply),
+       {{"type", "jobs"},
+        {"jobs",
+         {{{"id", "x"},
+           {"owner", "u"},
+           {"nodes", 1},
+           {"ranks", 2},
+           {"state", "running"},
+           {"age_s", 1.5}}}}},
        {"jobs"}},
-      {"status reply", parser(parse_status_reply),
+      {"status reply",
+       parser(parse_status_reply),
        {{"type", "status"},
-        {"job", {{"id", "x"}, {"owner", "u"}, {"nodes", 1}, {"ranks", 2}, {"state", "running"},
-                 {"age_s", 1.5}, {"min_nodes", 1}, {"max_nodes", 1}, {"master", "h:1"},
-                 {"placement", {{{"node", "a"}, {"addr", "h"}, {"group_rank", 0}, {"ranks", "0-1"}}}},
-                 {"members", {{{"node", "a"}, {"connected", true}, {"done", false}}}}}}},
+        {"job",
+         {{"id", "x"},
+          {"owner", "u"},
+          {"nodes", 1},
+          {"ranks", 2},
+          {"state", "running"},
+          {"age_s", 1.5},
+          {"min_nodes", 1},
+          {"max_nodes", 1},
+          {"master", "h:1"},
+          {"placement", {{{"node", "a"}, {"addr", "h"}, {"group_rank", 0}, {"ranks", "0-1"}}}},
+          {"members", {{{"node", "a"}, {"connected", true}, {"done", false}}}}}}},
        {"job"}},
   };
 }
@@ -98,8 +167,18 @@ std::vector<Case> cases() {
 std::vector<json> wrong_values() {
   json deep = json::array();
   for (int i = 0; i < 20; ++i) deep = json::array({deep});
-  return {"text", 5, -1, 2.5, 1e300, true, false, json::array({1, "a"}), json::object({{"k", 1}}),
-          std::string(60000, 'x'), deep, static_cast<uint64_t>(1) << 63};
+  return {"text",
+          5,
+          -1,
+          2.5,
+          1e300,
+          true,
+          false,
+          json::array({1, "a"}),
+          json::object({{"k", 1}}),
+          std::string(60000, 'x'),
+          deep,
+          static_cast<uint64_t>(1) << 63};
 }
 
 TEST(Messages, EveryRealMessageParses) {
@@ -127,7 +206,8 @@ TEST(Messages, EveryFieldOfEveryWrongTypeIsRefusedOrAcceptedWithoutThrowing) {
         json message = c.valid;
         message[field] = wrong;
         std::string error;
-        ASSERT_NO_THROW(error = c.parse(message)) << c.name << " " << field << " = " << wrong.type_name();
+        ASSERT_NO_THROW(error = c.parse(message))
+            << c.name << " " << field << " = " << wrong.type_name();
         // A refusal names the field, in one line.
         if (!error.empty()) {
           EXPECT_NE(error.find("\"" + field + "\""), std::string::npos) << c.name << ": " << error;
@@ -146,15 +226,22 @@ TEST(Messages, WrongTypesAreRefusedWithTheKindNamed) {
   EXPECT_EQ(error, "lease: field \"gpus\" must be an integer, not a number with a fraction");
   error = parse_hello({{"rank", 0}, {"pid", "x"}}).error().message;
   EXPECT_EQ(error, "hello: field \"pid\" must be an integer, not a string");
-  error = parse_rejoin({{"job", "j"}, {"node", "a"}, {"nproc", 1}, {"min_nodes", 1},
-                        {"max_nodes", 1}, {"assignment", 3}}).error().message;
+  error = parse_rejoin({{"job", "j"},
+                        {"node", "a"},
+                        {"nproc", 1},
+                        {"min_nodes", 1},
+                        {"max_nodes", 1},
+                        {"assignment", 3}})
+              .error()
+              .message;
   EXPECT_EQ(error, "rejoin: field \"assignment\": expected an object, not an integer");
 }
 
 TEST(Messages, NumbersOutsideTheirRangeAreRefused) {
   json join = cases()[0].valid;
   join["nproc"] = 0;
-  EXPECT_NE(parse_join(join).error().message.find("\"nproc\" must be between 1"), std::string::npos);
+  EXPECT_NE(parse_join(join).error().message.find("\"nproc\" must be between 1"),
+            std::string::npos);
   join["nproc"] = static_cast<uint64_t>(1) << 40;
   EXPECT_NE(parse_join(join).error().message.find("\"nproc\""), std::string::npos);
   join = cases()[0].valid;
@@ -171,14 +258,17 @@ TEST(Messages, NumbersOutsideTheirRangeAreRefused) {
   EXPECT_FALSE(parse_failed({{"exit_code", 300}}));
   join = cases()[0].valid;
   join["restart_count"] = -1;
-  EXPECT_NE(parse_join(join).error().message.find("\"restart_count\" must be between 0"), std::string::npos);
+  EXPECT_NE(parse_join(join).error().message.find("\"restart_count\" must be between 0"),
+            std::string::npos);
 }
 
 TEST(Messages, AStragglerLineLongEnoughToFloodAConsoleIsRefused) {
-  EXPECT_EQ(parse_straggler({{"type", "straggler"}, {"line", "straggler: rank 1"}})->what, "straggler: rank 1");
+  EXPECT_EQ(parse_straggler({{"type", "straggler"}, {"line", "straggler: rank 1"}})->what,
+            "straggler: rank 1");
   auto flood = parse_straggler({{"type", "straggler"}, {"line", std::string(4096, 'x')}});
   ASSERT_FALSE(flood);
-  EXPECT_NE(flood.error().message.find("\"line\" is 4096 bytes"), std::string::npos) << flood.error().message;
+  EXPECT_NE(flood.error().message.find("\"line\" is 4096 bytes"), std::string::npos)
+      << flood.error().message;
 }
 
 TEST(Messages, ParsedFieldsCarryTheirValues) {
@@ -211,8 +301,14 @@ TEST(Messages, ListItemsOfTheWrongShapeAreNamed) {
   EXPECT_NE(error.find("item 0"), std::string::npos) << error;
   error = parse_progress({{"names", {"a", 2}}}).error().message;
   EXPECT_EQ(error, "progress: field \"names\" must be an array of strings, not an array");
-  error = parse_join({{"job", "j"}, {"node", "a"}, {"nproc", 1}, {"min_nodes", 1},
-                      {"max_nodes", 1}, {"labels", {{"rack", 1}}}}).error().message;
+  error = parse_join({{"job", "j"},
+                      {"node", "a"},
+                      {"nproc", 1},
+                      {"min_nodes", 1},
+                      {"max_nodes", 1},
+                      {"labels", {{"rack", 1}}}})
+              .error()
+              .message;
   EXPECT_EQ(error, "join: field \"labels\" must be an object of strings, not an object");
 }
 

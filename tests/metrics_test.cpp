@@ -1,20 +1,19 @@
-#include "common/metrics_http.hpp"
-#include "rendezvousd/daemon_metrics.hpp"
-
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include <boost/asio/connect.hpp>
-#include <boost/asio/read.hpp>
-#include <boost/asio/post.hpp>
-#include <boost/asio/write.hpp>
-#include <fmt/format.h>
-
 #include <atomic>
+#include <boost/asio/connect.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/write.hpp>
 #include <map>
 #include <optional>
 #include <set>
 #include <sstream>
 #include <thread>
+
+#include "common/metrics_http.hpp"
+#include "rendezvousd/daemon_metrics.hpp"
 
 namespace mcprun {
 namespace {
@@ -58,17 +57,28 @@ TEST(RenderMetrics, EveryFamilyHasHelpAndTypeAndTheHistogramIsCumulative) {
   stats.stalls = 1;
   stats.restarts = 3;
   stats.heartbeats = 9;
-  ServerLoad load{.joining = 1, .running = 2, .finished = 4, .nodes = 5, .connections = 6,
-                  .leased_gpus = 7, .leased_ports = 8};
+  ServerLoad load{.joining = 1,
+                  .running = 2,
+                  .finished = 4,
+                  .nodes = 5,
+                  .connections = 6,
+                  .leased_gpus = 7,
+                  .leased_ports = 8};
   const Exposition parsed = parse(render_metrics(stats, load, 12345));
 
   const std::map<std::string, std::string> families{
-      {"mcprun_jobs", "gauge"}, {"mcprun_nodes", "gauge"}, {"mcprun_connections", "gauge"},
+      {"mcprun_jobs", "gauge"},
+      {"mcprun_nodes", "gauge"},
+      {"mcprun_connections", "gauge"},
       {"mcprun_rendezvous_rounds_total", "counter"},
-      {"mcprun_rendezvous_round_duration_seconds", "histogram"}, {"mcprun_failures_total", "counter"},
-      {"mcprun_stalls_total", "counter"}, {"mcprun_restarts_total", "counter"},
+      {"mcprun_rendezvous_round_duration_seconds", "histogram"},
+      {"mcprun_failures_total", "counter"},
+      {"mcprun_stalls_total", "counter"},
+      {"mcprun_restarts_total", "counter"},
       {"mcprun_heartbeats_total", "counter"},
-      {"mcprun_gpu_leases", "gauge"}, {"mcprun_port_leases", "gauge"}, {"process_resident_memory_bytes", "gauge"}};
+      {"mcprun_gpu_leases", "gauge"},
+      {"mcprun_port_leases", "gauge"},
+      {"process_resident_memory_bytes", "gauge"}};
   EXPECT_EQ(parsed.types, families);
   EXPECT_EQ(parsed.helped.size(), families.size());
 
@@ -96,7 +106,8 @@ TEST(RenderMetrics, EveryFamilyHasHelpAndTypeAndTheHistogramIsCumulative) {
   EXPECT_DOUBLE_EQ(parsed.samples.at(histogram + "_sum"), 700.203);
   double previous = 0;
   for (double bound : ServerStats::kRoundBuckets) {
-    const double count = parsed.samples.at(histogram + "_bucket{le=\"" + fmt::format("{}", bound) + "\"}");
+    const double count =
+        parsed.samples.at(histogram + "_bucket{le=\"" + fmt::format("{}", bound) + "\"}");
     EXPECT_GE(count, previous) << bound;
     previous = count;
   }
@@ -141,28 +152,40 @@ class MetricsServerTest : public ::testing::Test {
 TEST_F(MetricsServerTest, ServesMetricsAndRefusesEverythingElse) {
   const std::string ok = exchange("GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
   EXPECT_EQ(ok.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << ok;
-  EXPECT_NE(ok.find("Content-Type: text/plain; version=0.0.4; charset=utf-8\r\n"), std::string::npos) << ok;
+  EXPECT_NE(ok.find("Content-Type: text/plain; version=0.0.4; charset=utf-8\r\n"),
+            std::string::npos)
+      << ok;
   EXPECT_NE(ok.find("\r\n\r\nmcprun_nodes 3\n"), std::string::npos) << ok;
 
-  EXPECT_EQ(exchange("GET /other HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").rfind("HTTP/1.1 404", 0), 0u);
-  EXPECT_EQ(exchange("POST /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").rfind("HTTP/1.1 405", 0),
+  EXPECT_EQ(exchange("GET /other HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                .rfind("HTTP/1.1 404", 0),
+            0u);
+  EXPECT_EQ(exchange("POST /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                .rfind("HTTP/1.1 405", 0),
             0u);
   EXPECT_EQ(exchange("NOT HTTP AT ALL\r\n\r\n").rfind("HTTP/1.1 400", 0), 0u);
-  const std::string huge = "GET /metrics HTTP/1.1\r\nX-Padding: " + std::string(64 * 1024, 'a') + "\r\n\r\n";
+  const std::string huge =
+      "GET /metrics HTTP/1.1\r\nX-Padding: " + std::string(64 * 1024, 'a') + "\r\n\r\n";
   const std::string refused = exchange(huge);
   EXPECT_TRUE(refused.empty() || refused.rfind("HTTP/1.1 431", 0) == 0) << refused.substr(0, 100);
   // A request body is not part of a scrape.
-  EXPECT_EQ(exchange("GET /metrics HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello").rfind("HTTP/1.1 4", 0), 0u);
+  EXPECT_EQ(
+      exchange("GET /metrics HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello").rfind("HTTP/1.1 4", 0),
+      0u);
 
   // The server still serves, and a query string is ignored.
-  EXPECT_EQ(exchange("GET /metrics?x=1 HTTP/1.1\r\nConnection: close\r\n\r\n").rfind("HTTP/1.1 200", 0), 0u);
+  EXPECT_EQ(
+      exchange("GET /metrics?x=1 HTTP/1.1\r\nConnection: close\r\n\r\n").rfind("HTTP/1.1 200", 0),
+      0u);
   EXPECT_EQ(renders_, 2);
 }
 
 TEST_F(MetricsServerTest, KeepAliveServesSeveralRequestsOnOneConnection) {
-  const std::string twice = exchange("GET /metrics HTTP/1.1\r\n\r\nGET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n");
+  const std::string twice =
+      exchange("GET /metrics HTTP/1.1\r\n\r\nGET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n");
   size_t responses = 0;
-  for (size_t at = twice.find("HTTP/1.1 200"); at != std::string::npos; at = twice.find("HTTP/1.1 200", at + 1))
+  for (size_t at = twice.find("HTTP/1.1 200"); at != std::string::npos;
+       at = twice.find("HTTP/1.1 200", at + 1))
     ++responses;
   EXPECT_EQ(responses, 2u) << twice;
 }

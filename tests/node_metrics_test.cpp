@@ -15,10 +15,14 @@ NodeMetrics two_ranks() {
 
 TEST(NodeMetrics, EveryRankHasItsCountersUnderItsRankNodeAndLocalRank) {
   const std::string text = render_node_metrics(two_ranks());
-  EXPECT_NE(text.find("mcprun_rank_collectives_total{rank=\"1\",node=\"b\",local_rank=\"1\"} 120\n"),
-            std::string::npos) << text;
-  EXPECT_NE(text.find("mcprun_rank_wait_seconds_total{rank=\"0\",node=\"a\",local_rank=\"0\"} 2.5\n"),
-            std::string::npos) << text;
+  EXPECT_NE(
+      text.find("mcprun_rank_collectives_total{rank=\"1\",node=\"b\",local_rank=\"1\"} 120\n"),
+      std::string::npos)
+      << text;
+  EXPECT_NE(
+      text.find("mcprun_rank_wait_seconds_total{rank=\"0\",node=\"a\",local_rank=\"0\"} 2.5\n"),
+      std::string::npos)
+      << text;
   EXPECT_NE(text.find("# TYPE mcprun_rank_arrived_last_total counter\n"), std::string::npos);
   EXPECT_NE(text.find("mcprun_workers{state=\"running\"} 2\n"), std::string::npos);
   EXPECT_EQ(text.find("mcprun_straggler{"), std::string::npos);  // Nobody named: no sample.
@@ -29,7 +33,9 @@ TEST(NodeMetrics, TheStragglerIsOneSampleWithItsLabels) {
   metrics.straggler = 1;
   metrics.stragglers_named = 1;
   const std::string text = render_node_metrics(metrics);
-  EXPECT_NE(text.find("mcprun_straggler{rank=\"1\",node=\"b\",local_rank=\"1\"} 1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("mcprun_straggler{rank=\"1\",node=\"b\",local_rank=\"1\"} 1\n"),
+            std::string::npos)
+      << text;
   EXPECT_NE(text.find("mcprun_stragglers_named_total 1\n"), std::string::npos);
 }
 

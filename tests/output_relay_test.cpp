@@ -1,14 +1,13 @@
 #include "launcher/supervise/output_relay.hpp"
 
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <poll.h>
 #include <pty.h>
-#include <termios.h>
-#include <unistd.h>
-
-#include <gtest/gtest.h>
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
+#include <termios.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <sstream>
@@ -28,7 +27,8 @@ TEST(ConsolePrefix, DefaultIsRankWhenSeveral) {
 TEST(ConsolePrefix, TorchrunTemplateMacros) {
   EXPECT_EQ(console_prefix("[rank${rank}]: ", 5, 1, "default", true), "[rank5]: ");
   EXPECT_EQ(console_prefix("[${role_name}${local_rank}]:", 5, 1, "trainer", true), "[trainer1]:");
-  EXPECT_EQ(console_prefix("$role_name/$rank:", 2, 0, "w", false), "w/2:");  // Applies to one rank too.
+  EXPECT_EQ(console_prefix("$role_name/$rank:", 2, 0, "w", false),
+            "w/2:");  // Applies to one rank too.
 }
 
 TEST(ConsolePrefix, SafeSubstituteLeavesTheRestAlone) {
@@ -49,7 +49,8 @@ struct PipeConsole {
   std::string drain() const {
     std::string text;
     char buffer[4096];
-    for (ssize_t n; (n = ::read(read_end.get(), buffer, sizeof buffer)) > 0;) text.append(buffer, n);
+    for (ssize_t n; (n = ::read(read_end.get(), buffer, sizeof buffer)) > 0;)
+      text.append(buffer, n);
     return text;
   }
 };
@@ -91,17 +92,22 @@ void write_to(int fd, std::string_view text) {
 /// Runs the loop until the console has `expected` bytes or a second passes.
 std::string read_console(boost::asio::io_context& io, const PipeConsole& console, size_t expected) {
   std::string seen;
-  run_until(io, [&] {
-    seen += console.drain();
-    return seen.size() >= expected;
-  }, std::chrono::seconds(1));
+  run_until(
+      io,
+      [&] {
+        seen += console.drain();
+        return seen.size() >= expected;
+      },
+      std::chrono::seconds(1));
   return seen;
 }
 
 TEST(PrintableText, DropsControlSequencesKeepsText) {
   EXPECT_EQ(printable_text("\x1b[31mred\x1b[0m plain"), "red plain");
   EXPECT_EQ(printable_text("\x1b]0;title\abar\x1b[2K"), "bar");
-  EXPECT_EQ(printable_text("a\tb\x01" "c\x7f"), "a bc");
+  EXPECT_EQ(printable_text("a\tb\x01"
+                           "c\x7f"),
+            "a bc");
   EXPECT_EQ(printable_text("50%|#####     | 5/10"), "50%|#####     | 5/10");
 }
 
@@ -269,13 +275,15 @@ TEST(RankOutput, ProgressUpdatesArriveAsWrittenAndWholeLinesStayWhole) {
   write_to(rank.child_stdout(), "\n");  // The bar's end: its last state becomes a line.
   EXPECT_EQ(read_console(io, out, 20), "\r[rank0]:progress 1\n");
   write_to(rank.child_stdout(), "half a li");  // A partial line waits for its newline...
-  run_until(io, [] { return false; }, std::chrono::milliseconds(50));
+  run_until(
+      io, [] { return false; }, std::chrono::milliseconds(50));
   write_to(rank.child_stdout(), "ne\n");
   EXPECT_EQ(read_console(io, out, 20), "[rank0]:half a line\n");
   write_to(rank.child_stdout(), "\x1b[32mgreen\x1b[0m\n");
   EXPECT_EQ(read_console(io, out, 23), "[rank0]:\x1b[32mgreen\x1b[0m\n");
   rank.close_child_ends();
-  run_until(io, [&] { return rank.drained(); }, std::chrono::seconds(1));
+  run_until(
+      io, [&] { return rank.drained(); }, std::chrono::seconds(1));
   ASSERT_TRUE(rank.drained());
   ASSERT_EQ(rank.tail().size(), 3u);
   EXPECT_EQ(rank.tail()[0], "progress 1");
@@ -304,12 +312,14 @@ struct RankLoggingToAFullDisk {
   boost::asio::io_context io;
   PipeConsole out, err;
   Console out_console{out.write_end.get()}, err_console{err.write_end.get()};
-  RankOutput rank{io, "", {.to_console = true, .log_file = "/dev/full"}, {}, out_console, err_console};
+  RankOutput rank{io, "",          {.to_console = true, .log_file = "/dev/full"},
+                  {}, out_console, err_console};
 
   RankLoggingToAFullDisk() { rank.start(); }
   void close() {
     rank.close_child_ends();
-    run_until(io, [&] { return rank.drained(); }, std::chrono::seconds(1));
+    run_until(
+        io, [&] { return rank.drained(); }, std::chrono::seconds(1));
   }
 };
 
@@ -323,7 +333,8 @@ TEST(RankOutput, ALogThatCannotBeWrittenIsSaidOnceAndTheConsoleKeepsTheOutput) {
   EXPECT_EQ(read_console(full.io, full.out, 5), "more\n");
   full.close();
   const std::string text = said.text();
-  EXPECT_NE(text.find("cannot write /dev/full: No space left on device"), std::string::npos) << text;
+  EXPECT_NE(text.find("cannot write /dev/full: No space left on device"), std::string::npos)
+      << text;
   EXPECT_EQ(text.find("cannot write"), text.rfind("cannot write")) << "said once: " << text;
 }
 
@@ -335,8 +346,10 @@ TEST(RankOutput, ABufferedLogThatCannotBeWrittenIsSaidWhenItCloses) {
     EXPECT_EQ(read_console(full.io, full.out, 6), "short\n");
     full.close();
   }
-  EXPECT_NE(said.text().find("cannot write /dev/full: No space left on device; that log is incomplete"),
-            std::string::npos) << said.text();
+  EXPECT_NE(
+      said.text().find("cannot write /dev/full: No space left on device; that log is incomplete"),
+      std::string::npos)
+      << said.text();
 }
 
 TEST(RankOutput, AReadThatSplitsACharacterShowsItWhenItsLastByteComes) {
@@ -350,7 +363,8 @@ TEST(RankOutput, AReadThatSplitsACharacterShowsItWhenItsLastByteComes) {
   write_to(rank.child_stdout(), "\x88");
   EXPECT_EQ(read_console(io, out, 17), "\r[rank0]: 50%|\xe2\x96\x88");
   rank.close_child_ends();
-  run_until(io, [&] { return rank.drained(); }, std::chrono::seconds(1));
+  run_until(
+      io, [&] { return rank.drained(); }, std::chrono::seconds(1));
 }
 
 TEST(RankOutput, AWorkerBehindAPrefixGetsATerminalThatMuchNarrower) {
@@ -397,7 +411,8 @@ TEST(RankOutput, AWorkerOnATerminalConsoleGetsATerminalOfItsOwnSizedAsIt) {
   rank.start();
   write_to(rank.child_stdout(), "line\n");
   rank.close_child_ends();
-  run_until(io, [&] { return rank.drained(); }, std::chrono::seconds(1));
+  run_until(
+      io, [&] { return rank.drained(); }, std::chrono::seconds(1));
   ASSERT_EQ(rank.tail().size(), 1u);
   EXPECT_EQ(rank.tail()[0], "line");
 }

@@ -1,8 +1,8 @@
 #include "launcher/preflight/preflight_check.hpp"
 
-#include <fstream>
-
 #include <gtest/gtest.h>
+
+#include <fstream>
 
 namespace mcprun {
 namespace {
@@ -50,20 +50,25 @@ TEST(PreflightReport, AMissingOrBrokenReportIsAFailureThatSaysWhere) {
 }
 
 TEST(PreflightReport, TheFloorIsTheLargestMeasuredSizeOrNone) {
-  const auto floor = preflight_floor(nlohmann::json::parse(R"({"floor_bytes": 262144, "floor_busbw": 4.5e7})"));
+  const auto floor =
+      preflight_floor(nlohmann::json::parse(R"({"floor_bytes": 262144, "floor_busbw": 4.5e7})"));
   ASSERT_TRUE(floor);
   EXPECT_EQ(floor->first, 262144);
   EXPECT_EQ(floor->second, 4.5e7);
   // No size finished (a dead host), an old report, a hand-edited one: no floor, no exception.
-  for (const char* text : {R"({"floor_bytes": null, "floor_busbw": null})", R"({"floor_busbw": 1e9})",
-                           R"({"floor_bytes": "big", "floor_busbw": 1e9})", R"({"floor_bytes": 4096, "floor_busbw": 0})"})
+  for (const char* text :
+       {R"({"floor_bytes": null, "floor_busbw": null})", R"({"floor_busbw": 1e9})",
+        R"({"floor_bytes": "big", "floor_busbw": 1e9})",
+        R"({"floor_bytes": 4096, "floor_busbw": 0})"})
     EXPECT_FALSE(preflight_floor(nlohmann::json::parse(text))) << text;
 }
 
 TEST(PreflightReport, ACheckStoppedAtItsBoundSaysSo) {
   const auto report = overran_preflight_report(preflight_budget(10, 6));
   EXPECT_FALSE(report["ok"].get<bool>());
-  EXPECT_EQ(report["verdict"].get<std::string>().rfind("FAIL: the check ran past its bound of 81 s", 0), 0u);
+  EXPECT_EQ(
+      report["verdict"].get<std::string>().rfind("FAIL: the check ran past its bound of 81 s", 0),
+      0u);
   EXPECT_EQ(report["text"].get<std::string>().rfind("mcprun preflight: FAIL", 0), 0u);
 }
 

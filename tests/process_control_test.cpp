@@ -61,12 +61,12 @@ TEST(PosixProcessControl, AChildRunsOnItsCpusWithItsOwnArgv0AndEnvironment) {
   ASSERT_EQ(::pipe2(pipe_fds, O_CLOEXEC), 0);
   UniqueFd read_end(pipe_fds[0]), write_end(pipe_fds[1]);
   // A bare name is searched on the launcher's PATH, and stays the child's argv[0].
-  auto pid = control.spawn({{"sh", "-c",
-                             "echo \"$0 $ONLY\"; grep Cpus_allowed_list /proc/$$/status | cut -f2"},
-                            {"ONLY=this"},
-                            {0},
-                            write_end.get(),
-                            -1});
+  auto pid = control.spawn(
+      {{"sh", "-c", "echo \"$0 $ONLY\"; grep Cpus_allowed_list /proc/$$/status | cut -f2"},
+       {"ONLY=this"},
+       {0},
+       write_end.get(),
+       -1});
   ASSERT_TRUE(pid) << pid.error().message;
   write_end.reset();
   std::string output;

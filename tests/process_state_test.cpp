@@ -8,7 +8,6 @@
 
 #include <cstdint>
 
-
 namespace mcprun {
 namespace {
 
@@ -35,7 +34,8 @@ TEST(ProcessState, UninterruptibleSleepNamesTheKernelFunction) {
   ASSERT_TRUE(state);
   const auto words = describe_not_running(*state);
   ASSERT_TRUE(words);
-  EXPECT_NE(words->find("uninterruptible sleep (state D in request_wait_answer)"), std::string::npos)
+  EXPECT_NE(words->find("uninterruptible sleep (state D in request_wait_answer)"),
+            std::string::npos)
       << *words;
 }
 
@@ -90,7 +90,8 @@ TEST(ProcessState, AComputingProcessRunsOrWaitsToRunAndASleepingOneDoesNeither) 
   EXPECT_FALSE(read_process_activity(computing));  // Reaped: gone.
   if (computing_after->main_run_s < 0) GTEST_SKIP() << "this kernel keeps no schedstats";
   auto run_or_wait = [](const ProcessActivity& before, const ProcessActivity& after) {
-    return (after.main_run_s - before.main_run_s) + (after.main_run_delay_s - before.main_run_delay_s);
+    return (after.main_run_s - before.main_run_s) +
+           (after.main_run_delay_s - before.main_run_delay_s);
   };
   // On a CPU or waiting for one for most of the pause, however loaded the box; the sleeper
   // neither, however loaded.

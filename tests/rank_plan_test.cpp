@@ -2,10 +2,10 @@
 
 #include <gtest/gtest.h>
 
-#include "tests/temp_dir.hpp"
-
 #include <filesystem>
 #include <fstream>
+
+#include "tests/temp_dir.hpp"
 
 namespace mcprun {
 namespace {
@@ -145,8 +145,8 @@ TEST_F(RankPlanTest, DryRunPrintsWhatTheSpawnBuilderGivesEachWorker) {
   plan.extra_env["TORCHELASTIC_TIMER_FILE"] = std::string(kDryRunDir) + "/timer.fifo";
   const std::string text = format_rank_plan(plan, env_);
   for (const RankSlot& slot : plan.slots) {
-    const auto rank_dir = std::filesystem::path(kDryRunDir) / "attempt_0" /
-                          std::to_string(slot.identity.local_rank);
+    const auto rank_dir =
+        std::filesystem::path(kDryRunDir) / "attempt_0" / std::to_string(slot.identity.local_rank);
     const Environment spawned = worker_spawn_delta(plan, slot, 0, rank_dir, env_);
     // Every variable the worker gets, under that worker's heading.
     const size_t start = text.find("local rank " + std::to_string(slot.identity.local_rank) + " ");
@@ -162,19 +162,23 @@ TEST_F(RankPlanTest, DryRunPrintsWhatTheSpawnBuilderGivesEachWorker) {
   Environment inherited = env_;
   inherited["NCCL_DEBUG_FILE"] = "/logs/nccl.%p";
   plan.extra_env["RANK"] = "99";
-  const Environment delta = worker_spawn_delta(plan, plan.slots[1], 3, "/run/attempt_3/1", inherited);
+  const Environment delta =
+      worker_spawn_delta(plan, plan.slots[1], 3, "/run/attempt_3/1", inherited);
   EXPECT_FALSE(delta.contains("NCCL_DEBUG_FILE"));
   EXPECT_EQ(delta.at("RANK"), "1");
   EXPECT_EQ(delta.at("TORCHELASTIC_RESTART_COUNT"), "3");
 }
 
 /// A prefix with bin/mcprun and bin/python3, and `marker` (pyvenv.cfg, conda-meta/) when given.
-std::filesystem::path install_prefix(const std::filesystem::path& prefix, const std::string& marker) {
+std::filesystem::path install_prefix(const std::filesystem::path& prefix,
+                                     const std::string& marker) {
   std::filesystem::create_directories(prefix / "bin");
   std::ofstream(prefix / "bin" / "mcprun");
   std::ofstream(prefix / "bin" / "python3");
-  if (marker == "conda-meta") std::filesystem::create_directories(prefix / marker);
-  else if (!marker.empty()) std::ofstream(prefix / marker) << "home = /usr/bin\n";
+  if (marker == "conda-meta")
+    std::filesystem::create_directories(prefix / marker);
+  else if (!marker.empty())
+    std::ofstream(prefix / marker) << "home = /usr/bin\n";
   return prefix / "bin" / "mcprun";
 }
 

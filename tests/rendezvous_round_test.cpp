@@ -32,8 +32,7 @@ TEST(RankOrder, LabelsByPrecedenceThenAddress) {
       {node("d", "10.0.0.4", 2, {{"rack", "r2"}, {"switch", "s1"}}),
        node("a", "10.0.0.9", 2, {{"rack", "r1"}, {"switch", "s2"}}),
        node("c", "10.0.0.3", 2, {{"rack", "r1"}, {"switch", "s1"}}),
-       node("b", "10.0.0.2", 2, {{"rack", "r1"}, {"switch", "s1"}}),
-       node("e", "10.0.0.1", 2)},
+       node("b", "10.0.0.2", 2, {{"rack", "r1"}, {"switch", "s1"}}), node("e", "10.0.0.1", 2)},
       {"rack", "switch"});
   EXPECT_EQ(names(result), (std::vector<std::string>{"b", "c", "a", "d", "e"}));
   EXPECT_EQ(result.world_size, 10);
@@ -42,8 +41,8 @@ TEST(RankOrder, LabelsByPrecedenceThenAddress) {
 }
 
 TEST(RankOrder, ExplicitNodeRankWins) {
-  RoundResult result = assign_ranks({node("a", "10.0.0.1"), node("b", "10.0.0.2", 4, {}, 0),
-                                     node("c", "10.0.0.3")}, {});
+  RoundResult result = assign_ranks(
+      {node("a", "10.0.0.1"), node("b", "10.0.0.2", 4, {}, 0), node("c", "10.0.0.3")}, {});
   EXPECT_EQ(names(result), (std::vector<std::string>{"b", "a", "c"}));
   EXPECT_EQ(result.nodes[1].rank_offset, 4);
   EXPECT_EQ(result.master_addr, "10.0.0.2");

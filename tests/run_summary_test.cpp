@@ -240,7 +240,8 @@ TEST_F(RunSummaryTest, SuccessHasEveryRankExitZero) {
 TEST_F(RunSummaryTest, APreflightThatStoppedTheLaunchIsTheRootCause) {
   RunSummary summary(config_, "node-a");
   EXPECT_TRUE(summary.format_json(0)["preflight"].is_null()) << "null without --preflight";
-  summary.set_preflight({{"ok", false}, {"verdict", "FAIL: node host3 is DEAD"}, {"floor_busbw", 1e9}});
+  summary.set_preflight(
+      {{"ok", false}, {"verdict", "FAIL: node host3 is DEAD"}, {"floor_busbw", 1e9}});
   const auto json = summary.format_json(kExitPreflightFailed);
   EXPECT_EQ(json["result"], "failed");
   EXPECT_EQ(json["root_cause"], "preflight: FAIL: node host3 is DEAD");

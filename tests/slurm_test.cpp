@@ -55,11 +55,16 @@ TEST(TasksPerNode, RepeatsExpand) {
 
 /// A two-node step's environment, as srun --ntasks-per-node=1 sets it on node 1.
 Environment second_node() {
-  return {{"SLURM_JOB_ID", "4242"},          {"SLURM_STEP_ID", "0"},
-          {"SLURM_STEP_NUM_NODES", "2"},     {"SLURM_NNODES", "2"},
-          {"SLURM_NODEID", "1"},             {"SLURM_STEP_NODELIST", "gpu-[07-08]"},
-          {"SLURM_JOB_NODELIST", "gpu-[07-08]"}, {"SLURM_STEP_TASKS_PER_NODE", "1(x2)"},
-          {"SLURM_STEP_NUM_TASKS", "2"},     {"SLURM_CONF", "/nonexistent"}};
+  return {{"SLURM_JOB_ID", "4242"},
+          {"SLURM_STEP_ID", "0"},
+          {"SLURM_STEP_NUM_NODES", "2"},
+          {"SLURM_NNODES", "2"},
+          {"SLURM_NODEID", "1"},
+          {"SLURM_STEP_NODELIST", "gpu-[07-08]"},
+          {"SLURM_JOB_NODELIST", "gpu-[07-08]"},
+          {"SLURM_STEP_TASKS_PER_NODE", "1(x2)"},
+          {"SLURM_STEP_NUM_TASKS", "2"},
+          {"SLURM_CONF", "/nonexistent"}};
 }
 
 std::optional<std::string> fake_resolve(const std::string& host) {
@@ -88,7 +93,9 @@ TEST(Slurm, WhatTheUserSetWins) {
   LaunchConfig config;
   config.master_addr = "192.168.1.1";
   config.master_port = 1234;
-  ExplicitFlag set = [](const std::string& flag) { return flag == "master-addr" || flag == "master-port"; };
+  ExplicitFlag set = [](const std::string& flag) {
+    return flag == "master-addr" || flag == "master-port";
+  };
   ASSERT_TRUE(apply_slurm(config, second_node(), set, fake_resolve));
   EXPECT_EQ(config.master_addr, "192.168.1.1");
   EXPECT_EQ(config.master_port, 1234);
@@ -110,8 +117,8 @@ TEST(Slurm, RendezvousHostedByTheFirstNode) {
 }
 
 TEST(Slurm, MoreThanOneTaskPerNodeIsRefused) {
-  for (auto [name, value] : {std::pair{"SLURM_STEP_TASKS_PER_NODE", "8(x2)"},
-                             std::pair{"SLURM_STEP_NUM_TASKS", "16"}}) {
+  for (auto [name, value] :
+       {std::pair{"SLURM_STEP_TASKS_PER_NODE", "8(x2)"}, std::pair{"SLURM_STEP_NUM_TASKS", "16"}}) {
     Environment env = second_node();
     env[name] = value;
     LaunchConfig config;
@@ -156,7 +163,8 @@ TEST(Slurm, SigtermGraceFitsInKillWait) {
   LaunchConfig config;
   ASSERT_TRUE(apply_slurm(config, env, none_set(), fake_resolve));
   EXPECT_EQ(config.term_timeout, 5 - kSlurmKillWaitMargin);
-  EXPECT_EQ(slurm_kill_wait({{"SLURM_CONF", MCPRUN_SOURCE_DIR "/tests/slurm_test_killwait.conf"}}), 7);
+  EXPECT_EQ(slurm_kill_wait({{"SLURM_CONF", MCPRUN_SOURCE_DIR "/tests/slurm_test_killwait.conf"}}),
+            7);
 }
 
 }  // namespace

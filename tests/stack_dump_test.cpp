@@ -11,8 +11,8 @@ extern "C" {  // glibc 2.36 declares these without C linkage.
 #include <unistd.h>
 
 #include <boost/asio/executor_work_guard.hpp>
-#include <cerrno>
 #include <boost/asio/signal_set.hpp>
+#include <cerrno>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -52,7 +52,7 @@ std::string tracer_pid(pid_t pid) {
   std::smatch match;
   const std::string status = read_file("/proc/" + std::to_string(pid) + "/status");
   return std::regex_search(status, match, std::regex("TracerPid:\\s*(\\d+)")) ? match[1].str()
-                                                                               : "?";
+                                                                              : "?";
 }
 
 /// Waits, bounded, for `fd` to be readable; SIGCHLD (a test's reaper) does not cut it short.
@@ -69,7 +69,8 @@ bool poll_until(boost::asio::io_context& io, const std::function<bool()>& done,
                 std::chrono::steady_clock::duration limit) {
   const auto deadline = std::chrono::steady_clock::now() + limit;
   while (!done() && std::chrono::steady_clock::now() < deadline)
-    run_until(io, [] { return false; }, kPollSlice);
+    run_until(
+        io, [] { return false; }, kPollSlice);
   return done();
 }
 
@@ -95,12 +96,12 @@ class StackDumpTest : public ::testing::Test {
     int fds[2];
     EXPECT_EQ(::pipe2(fds, O_CLOEXEC), 0);
     UniqueFd read_end(fds[0]), write_end(fds[1]);
-    auto pid = control_.spawn({{"/usr/bin/python3", "-c",
-                                "import time; print('ready', flush=True); time.sleep(60)"},
-                               {"PATH=/usr/bin:/bin"},
-                               {},
-                               write_end.get(),
-                               -1});
+    auto pid = control_.spawn(
+        {{"/usr/bin/python3", "-c", "import time; print('ready', flush=True); time.sleep(60)"},
+         {"PATH=/usr/bin:/bin"},
+         {},
+         write_end.get(),
+         -1});
     EXPECT_TRUE(pid) << pid.error().message;
     if (!pid) return 0;
     targets_.push_back(*pid);
@@ -135,7 +136,8 @@ class StackDumpTest : public ::testing::Test {
             std::chrono::milliseconds timeout) {
     bool done = false;
     dumper.dump_all(std::move(requests), timeout, [&] { done = true; });
-    return run_until(io_, [&] { return done; }, kTestDeadline);
+    return run_until(
+        io_, [&] { return done; }, kTestDeadline);
   }
 
   boost::asio::io_context io_;
@@ -161,8 +163,8 @@ TEST_F(StackDumpTest, FindsPySpyBeforeGdbAndSkipsNonExecutables) {
   StackDumpTool tool = StackDumpTool::find(path);
   EXPECT_EQ(tool.name(), "py-spy");
   EXPECT_EQ(tool.program, other / "py-spy");
-  EXPECT_EQ(tool.argv(42), (std::vector<std::string>{tool.program, "dump", "--native", "--pid",
-                                                     "42"}));
+  EXPECT_EQ(tool.argv(42),
+            (std::vector<std::string>{tool.program, "dump", "--native", "--pid", "42"}));
   EXPECT_EQ(StackDumpTool::find("").name(), "none");
   EXPECT_TRUE(StackDumpTool{}.argv(42).empty());
 }
@@ -265,13 +267,16 @@ TEST_F(StackDumpTest, DestroyingTheDumperKillsItsDumpersAndResumesTargets) {
   {
     StackDumper dumper(io_, control_, fake_py_spy("kill -STOP \"$4\"\necho stopped\nsleep 60"));
     dumper.dump_all({{target, dir_ / "dump.txt"}}, kStackDumpTimeout, [&] { done = true; });
-    ASSERT_TRUE(poll_until(io_, [&] { return process_state(target) == 'T'; }, kTestDeadline));
+    ASSERT_TRUE(poll_until(
+        io_, [&] { return process_state(target) == 'T'; }, kTestDeadline));
   }
-  run_until(io_, [] { return false; }, kPollSlice);  // Runs the handlers the destructor aborted.
+  run_until(
+      io_, [] { return false; }, kPollSlice);  // Runs the handlers the destructor aborted.
   EXPECT_FALSE(done);
   EXPECT_FALSE(stopped(target)) << process_state(target);
-  EXPECT_NE(read_file(dir_ / "dump.txt").find("py-spy was still running when mcprun stopped "
-                                              "dumping; killed it"),
+  EXPECT_NE(read_file(dir_ / "dump.txt")
+                .find("py-spy was still running when mcprun stopped "
+                      "dumping; killed it"),
             std::string::npos);
 }
 

@@ -1,9 +1,10 @@
+#include "launcher/watch/stall_report.hpp"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
 
 #include "common/protocol.hpp"
-#include "launcher/watch/stall_report.hpp"
 
 namespace mcprun {
 namespace {
@@ -26,13 +27,13 @@ TEST(StallReport, NamesTheRanksBehindTheFurthestAsMissing) {
   StallNotice notice;
   notice.what = "the process group's init barrier was not passed within --init-timeout 10 s";
   notice.noticed_on = "node-a";
-  const std::string report = format_stall_report(
-      notice,
-      {rank(3, RankProgress::kConnected, "connected, not at the init barrier"),
-       rank(0, RankProgress::kConnected, "connected, not at the init barrier"),
-       rank(2, RankProgress::kNotConnected, "never connected to the store"),
-       rank(1, RankProgress::kConnected, "connected, not at the init barrier")},
-      4);
+  const std::string report =
+      format_stall_report(notice,
+                          {rank(3, RankProgress::kConnected, "connected, not at the init barrier"),
+                           rank(0, RankProgress::kConnected, "connected, not at the init barrier"),
+                           rank(2, RankProgress::kNotConnected, "never connected to the store"),
+                           rank(1, RankProgress::kConnected, "connected, not at the init barrier")},
+                          4);
   EXPECT_NE(report.find("job STALLED: the process group's init barrier was not passed within "
                         "--init-timeout 10 s (noticed on node-a)"),
             std::string::npos)
@@ -41,7 +42,8 @@ TEST(StallReport, NamesTheRanksBehindTheFurthestAsMissing) {
   EXPECT_NE(report.find("missing: 2\n"), std::string::npos) << report;
   EXPECT_NE(report.find("  2*    node-b:0"), std::string::npos) << report;
   EXPECT_NE(report.find("1.5 s ago: line of rank 2"), std::string::npos) << report;
-  EXPECT_NE(report.find("rank 2: node-b:/logs/attempt_0/0/stacks.txt"), std::string::npos) << report;
+  EXPECT_NE(report.find("rank 2: node-b:/logs/attempt_0/0/stacks.txt"), std::string::npos)
+      << report;
   // Sorted by rank.
   EXPECT_LT(report.find("  0     node-a"), report.find("  1     node-a")) << report;
   EXPECT_EQ(report.find("hint:"), std::string::npos) << report;  // No rank's output matched.
@@ -57,7 +59,8 @@ TEST(StallReport, NamesTheRanksOfALargeCollectiveAsRanges) {
   notice.what = "all_reduce #30 on group 0 (nccl) made no progress";
   notice.collective = stall;
   const std::string report = format_stall_report(notice, {}, 16384);
-  EXPECT_NE(report.find("in it: 0-4095,4097-16383; not in it: 4096\n"), std::string::npos) << report;
+  EXPECT_NE(report.find("in it: 0-4095,4097-16383; not in it: 4096\n"), std::string::npos)
+      << report;
   EXPECT_LT(report.size(), size_t{4096}) << "every rank spelled out";
 }
 
@@ -66,11 +69,12 @@ TEST(StallReport, ARankWhoseLastOutputMatchedShowsItsHintUnderItsRow) {
   notice.what = "the process group's init barrier was not passed within --init-timeout 10 s";
   RankProgress stuck = rank(1, RankProgress::kConnected, "connected, not at the init barrier");
   stuck.hint = "NCCL's bootstrap could not open or reach its peers' sockets at init";
-  const std::string report =
-      format_stall_report(notice, {rank(0, RankProgress::kArrived, "at the init barrier"), stuck}, 2);
+  const std::string report = format_stall_report(
+      notice, {rank(0, RankProgress::kArrived, "at the init barrier"), stuck}, 2);
   const auto row = report.find("  1*    node-a:1");
   ASSERT_NE(row, std::string::npos) << report;
-  EXPECT_NE(report.find("\n        hint: NCCL's bootstrap could not open", row), std::string::npos) << report;
+  EXPECT_NE(report.find("\n        hint: NCCL's bootstrap could not open", row), std::string::npos)
+      << report;
   EXPECT_EQ(report.find("hint:"), report.rfind("hint:")) << report;  // Rank 0 has none.
 }
 
@@ -146,7 +150,8 @@ TEST(StallReport, NoticeAndProgressSurviveTheWire) {
   EXPECT_EQ(back.noticed_on, "node-a");
   EXPECT_THROW(stall_notice_from_json({{"kind", "bogus"}, {"what", "x"}}), std::exception);
 
-  const RankProgress progress = rank(3, RankProgress::kNotConnected, "never connected to the store");
+  const RankProgress progress =
+      rank(3, RankProgress::kNotConnected, "never connected to the store");
   const RankProgress copy = rank_progress_from_json(to_json(progress));
   EXPECT_EQ(copy.rank, 3);
   EXPECT_EQ(copy.level, RankProgress::kNotConnected);

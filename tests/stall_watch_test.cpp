@@ -1,5 +1,7 @@
 // The init barrier watchdog's clock: --init-timeout runs from the first rank's arrival at the job
 // store, never from the attempt's start. Store events are fed as the job store reports them.
+#include "launcher/watch/stall_watch.hpp"
+
 #include <gtest/gtest.h>
 
 #include <boost/asio/io_context.hpp>
@@ -8,7 +10,6 @@
 #include <filesystem>
 #include <optional>
 
-#include "launcher/watch/stall_watch.hpp"
 #include "launcher/store/tcp_store.hpp"
 
 namespace mcprun {
@@ -24,8 +25,8 @@ constexpr std::chrono::milliseconds kBeforeFirstArrival{400};
 class StallWatchTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    runtime_dir_ = std::filesystem::temp_directory_path() /
-                   ("stall_watch_test_" + std::to_string(::getpid()));
+    runtime_dir_ =
+        std::filesystem::temp_directory_path() / ("stall_watch_test_" + std::to_string(::getpid()));
     std::filesystem::create_directories(runtime_dir_);
     tcp::acceptor acceptor(io_, {tcp::v4(), 0});  // Only to give the watch a store to observe.
     store_.emplace(io_, std::move(acceptor), watch().store_observer());
@@ -56,10 +57,12 @@ class StallWatchTest : public ::testing::Test {
   }
   void store_event(StoreEvent::Kind kind, uint64_t connection, std::string key = "",
                    int64_t value = 0) {
-    watch().store_observer()(
-        {kind, connection, {boost::asio::ip::make_address("127.0.0.1"),
-                            static_cast<unsigned short>(40000 + connection)},
-         std::move(key), value});
+    watch().store_observer()({kind,
+                              connection,
+                              {boost::asio::ip::make_address("127.0.0.1"),
+                               static_cast<unsigned short>(40000 + connection)},
+                              std::move(key),
+                              value});
   }
   /// Runs the loop until a stall is declared or `limit` passes.
   void run_until_stall(std::chrono::milliseconds limit) {

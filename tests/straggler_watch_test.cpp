@@ -1,11 +1,12 @@
 #include "launcher/watch/straggler_watch.hpp"
-#include "launcher/watch/link_check.hpp"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <functional>
 #include <random>
+
+#include "launcher/watch/link_check.hpp"
 
 namespace mcprun {
 namespace {
@@ -40,7 +41,9 @@ struct Job {
   std::function<double(int rank)> run_delay_per_s = [](int) { return 0.0; };
   std::function<double(int rank)> cpu_per_s = [](int) { return 1.0; };
   /// Per rank: its cgroup's CPU quota in cores (0: none), and the share of periods throttled.
-  std::function<std::pair<double, double>(int rank)> quota = [](int) { return std::pair{0.0, 0.0}; };
+  std::function<std::pair<double, double>(int rank)> quota = [](int) {
+    return std::pair{0.0, 0.0};
+  };
   std::function<std::vector<std::string>(int rank)> frames = [](int) {
     return std::vector<std::string>{"train.py:40 in <module>", "train.py:12 in step"};
   };
@@ -68,7 +71,8 @@ struct Job {
         }
         record.frames = frames(rank);
         record.arrivals["0"].group_ranks.resize(static_cast<size_t>(ranks));
-        for (int r = 0; r < ranks; ++r) record.arrivals["0"].group_ranks[static_cast<size_t>(r)] = r;
+        for (int r = 0; r < ranks; ++r)
+          record.arrivals["0"].group_ranks[static_cast<size_t>(r)] = r;
         record.arrivals["0"].step_s = step_s;  // As each rank's reporter finds it.
         record.arrivals["0"].period = collectives_per_step;
       }
@@ -77,14 +81,18 @@ struct Job {
         const int64_t start_ns = wall_ns + static_cast<int64_t>(step * step_s * kSecond);
         for (int collective = 0; collective < collectives_per_step; ++collective, ++seq) {
           double last_delay = 0;
-          for (int rank = 0; rank < ranks; ++rank) last_delay = std::max(last_delay, delay(rank, seq));
-          const int64_t done_ns = start_ns + static_cast<int64_t>((last_delay + transfer_s(seq)) * kSecond);
+          for (int rank = 0; rank < ranks; ++rank)
+            last_delay = std::max(last_delay, delay(rank, seq));
+          const int64_t done_ns =
+              start_ns + static_cast<int64_t>((last_delay + transfer_s(seq)) * kSecond);
           for (int rank = 0; rank < ranks && kept(seq); ++rank) {
             GroupArrivals::Arrival arrival;
             arrival.seq = seq;
-            arrival.created_ns = start_ns + static_cast<int64_t>(delay(rank, seq) * kSecond) + clock_offset(rank);
+            arrival.created_ns =
+                start_ns + static_cast<int64_t>(delay(rank, seq) * kSecond) + clock_offset(rank);
             arrival.elements = elements + collective;
-            arrival.done_ns = done_ns + static_cast<int64_t>(done_delay(rank, seq) * kSecond) + clock_offset(rank);
+            arrival.done_ns = done_ns + static_cast<int64_t>(done_delay(rank, seq) * kSecond) +
+                              clock_offset(rank);
             arrival.bytes = bytes;
             arrival.op = "all_reduce";
             records_now[rank].arrivals["0"].arrivals.push_back(arrival);
@@ -98,9 +106,12 @@ struct Job {
         watch.observe(record, wall_ns + 200'000, now);  // 0.2 ms on the wire.
       }
       const std::chrono::system_clock::time_point wall{
-          std::chrono::duration_cast<std::chrono::system_clock::duration>(std::chrono::nanoseconds(wall_ns))};
+          std::chrono::duration_cast<std::chrono::system_clock::duration>(
+              std::chrono::nanoseconds(wall_ns))};
       // As the stall watch asks: the collectives first, then the ranks.
-      const auto cpu_wait_share = [this](const std::vector<int>& ranks) { return watch.cpu_wait_share(ranks); };
+      const auto cpu_wait_share = [this](const std::vector<int>& ranks) {
+        return watch.cpu_wait_share(ranks);
+      };
       if (auto line = watch.bandwidth().check(now, wall, cpu_wait_share)) lines.push_back(*line);
       if (auto line = watch.check(now, wall)) lines.push_back(*line);
     }
@@ -122,9 +133,13 @@ TEST(StragglerWatch, ARankThatIsLateEveryStepIsNamedWithItsLagAndTheStep) {
   const std::string& line = job.lines[0];
   EXPECT_NE(line.find("straggler: rank 2 (node node-a, local rank 2) arrives last at 100% of the "
                       "steps on group 0, 200 ms behind the others"),
-            std::string::npos) << line;
-  EXPECT_NE(line.find("; the others spent 40% of the last 20 s waiting for rank 2 (a step takes 500 ms); "),
-            std::string::npos) << line;
+            std::string::npos)
+      << line;
+  EXPECT_NE(
+      line.find(
+          "; the others spent 40% of the last 20 s waiting for rank 2 (a step takes 500 ms); "),
+      std::string::npos)
+      << line;
   EXPECT_NEAR(job.watch.episodes()[0].cost_share, 0.4, 0.01);
   EXPECT_NEAR(job.watch.episodes()[0].wait_share, 1.0, 0.01);
   EXPECT_NE(line.find("in its own compute"), std::string::npos) << line;
@@ -147,8 +162,10 @@ TEST(StragglerWatch, ARankLateAtTheFirstOfEachStepsCollectivesIsNamed) {
   job.collectives_per_step = 4;
   job.run(40);
   ASSERT_FALSE(job.lines.empty());
-  EXPECT_NE(job.lines[0].find("straggler: rank 1 (node node-a, local rank 1) arrives last at 100% of the steps"),
-            std::string::npos) << job.lines[0];
+  EXPECT_NE(job.lines[0].find(
+                "straggler: rank 1 (node node-a, local rank 1) arrives last at 100% of the steps"),
+            std::string::npos)
+      << job.lines[0];
 }
 
 TEST(StragglerWatch, TheRecentCollectivesOfAManyRankJobKeepThePicturesRowsAndTheLastArrival) {
@@ -159,7 +176,8 @@ TEST(StragglerWatch, TheRecentCollectivesOfAManyRankJobKeepThePicturesRowsAndThe
   ASSERT_FALSE(job.watch.recent().empty());
   const auto& arrivals = job.watch.recent().back().arrivals;
   EXPECT_EQ(arrivals.size(), kMaxPictureRows + 1);
-  EXPECT_TRUE(std::any_of(arrivals.begin(), arrivals.end(), [](const auto& a) { return a.first == 90; }));
+  EXPECT_TRUE(
+      std::any_of(arrivals.begin(), arrivals.end(), [](const auto& a) { return a.first == 90; }));
 }
 
 TEST(StragglerWatch, ARankWithMoreWorkLateByLessThanTheFloorAtMostStepsIsNamed) {
@@ -182,11 +200,14 @@ TEST(StragglerWatch, ARankFrozenForMostOfEveryThirdStepIsNamed) {
   Job job;
   job.step_s = 0.03;
   std::uniform_real_distribution<double> jitter(0, 0.002);
-  job.delay = [&](int rank, int64_t seq) { return jitter(noise()) + (rank == 2 && seq % 3 == 2 ? 0.07 : 0); };
+  job.delay = [&](int rank, int64_t seq) {
+    return jitter(noise()) + (rank == 2 && seq % 3 == 2 ? 0.07 : 0);
+  };
   job.run(40);
   ASSERT_FALSE(job.lines.empty());
   EXPECT_NE(job.lines[0].find("straggler: rank 2 "), std::string::npos) << job.lines[0];
-  EXPECT_NE(job.lines[0].find("arrives last at 33% of the steps"), std::string::npos) << job.lines[0];
+  EXPECT_NE(job.lines[0].find("arrives last at 33% of the steps"), std::string::npos)
+      << job.lines[0];
 }
 
 TEST(StragglerWatch, AThrottledCgroupIsTheCauseWithItsQuota) {
@@ -197,16 +218,20 @@ TEST(StragglerWatch, AThrottledCgroupIsTheCauseWithItsQuota) {
   job.cpu_per_s = [](int rank) { return rank == 2 ? 0.3 : 1.0; };
   job.run(40);
   ASSERT_FALSE(job.lines.empty());
-  EXPECT_NE(job.lines[0].find("; throttled by its cgroup's CPU quota (30% of a core): throttled in 71% of "
-                              "its periods"),
-            std::string::npos) << job.lines[0];
+  EXPECT_NE(job.lines[0].find(
+                "; throttled by its cgroup's CPU quota (30% of a core): throttled in 71% of "
+                "its periods"),
+            std::string::npos)
+      << job.lines[0];
 }
 
 TEST(StragglerWatch, ARankThatStallsEveryTenthStepIsNamed) {
   Job job;
   job.step_s = 0.05;
   std::uniform_real_distribution<double> jitter(0, 0.002);
-  job.delay = [&](int rank, int64_t seq) { return jitter(noise()) + (rank == 0 && seq % 10 == 9 ? 0.3 : 0); };
+  job.delay = [&](int rank, int64_t seq) {
+    return jitter(noise()) + (rank == 0 && seq % 10 == 9 ? 0.3 : 0);
+  };
   job.run(40);
   ASSERT_FALSE(job.lines.empty());
   EXPECT_NE(job.lines[0].find("straggler: rank 0 "), std::string::npos) << job.lines[0];
@@ -247,16 +272,20 @@ TEST(StragglerWatch, ALateRankWithNoCauseOfItsOwnWhileItsCollectivesCrawlIsTheCo
   waits.run(60);
   ASSERT_FALSE(waits.lines.empty());
   EXPECT_NE(waits.lines[0].find("straggler: rank 0 "), std::string::npos) << waits.lines[0];
-  EXPECT_NE(waits.lines[0].find("; not in CPU work of its own (it used 100% of a CPU, the others 100%): "
-                                "a wait between its collectives"),
-            std::string::npos) << waits.lines[0];
+  EXPECT_NE(
+      waits.lines[0].find("; not in CPU work of its own (it used 100% of a CPU, the others 100%): "
+                          "a wait between its collectives"),
+      std::string::npos)
+      << waits.lines[0];
 }
 
 TEST(StragglerWatch, ALagThatRotatesFromRankToRankNamesNobody) {
   Job job;
   job.step_s = 0.05;
   std::uniform_real_distribution<double> jitter(0, 0.002);
-  job.delay = [&](int rank, int64_t seq) { return jitter(noise()) + (rank == (seq / 10) % 3 ? 0.02 : 0); };
+  job.delay = [&](int rank, int64_t seq) {
+    return jitter(noise()) + (rank == (seq / 10) % 3 ? 0.02 : 0);
+  };
   job.run(120);
   EXPECT_TRUE(job.lines.empty()) << job.lines.front();
 }
@@ -274,7 +303,9 @@ TEST(StragglerWatch, Rank0EvaluatingNowAndThenIsNoStraggler) {
   Job job;
   job.step_s = 0.1;
   std::uniform_real_distribution<double> jitter(0, 0.01);
-  job.delay = [&](int rank, int64_t seq) { return jitter(noise()) + (rank == 0 && seq % 50 == 49 ? 2.0 : 0); };
+  job.delay = [&](int rank, int64_t seq) {
+    return jitter(noise()) + (rank == 0 && seq % 50 == 49 ? 2.0 : 0);
+  };
   job.run(120);
   EXPECT_TRUE(job.lines.empty()) << job.lines.front();
 }
@@ -303,7 +334,8 @@ TEST(StragglerWatch, TheCauseIsTheDataLoaderOrStarvationWhereTheRecordsShowIt) {
   Job loader;
   loader.delay = [](int rank, int64_t) { return rank == 1 ? 0.3 : 0.0; };
   loader.frames = [](int rank) {
-    return rank == 1 ? std::vector<std::string>{"train.py:30 in <module>", "dataloader.py:633 in __next__",
+    return rank == 1 ? std::vector<std::string>{"train.py:30 in <module>",
+                                                "dataloader.py:633 in __next__",
                                                 "fetch.py:51 in fetch", "train.py:9 in __getitem__"}
                      : std::vector<std::string>{"train.py:33 in <module>"};
   };
@@ -318,8 +350,10 @@ TEST(StragglerWatch, TheCauseIsTheDataLoaderOrStarvationWhereTheRecordsShowIt) {
   starved.cpu_per_s = [](int rank) { return rank == 0 ? 0.5 : 1.0; };
   starved.run(30);
   ASSERT_EQ(starved.lines.size(), 1u);
-  EXPECT_NE(starved.lines[0].find("starved of CPU: it waited for a CPU 50% of the time, the others 1%"),
-            std::string::npos) << starved.lines[0];
+  EXPECT_NE(
+      starved.lines[0].find("starved of CPU: it waited for a CPU 50% of the time, the others 1%"),
+      std::string::npos)
+      << starved.lines[0];
 }
 
 TEST(StragglerWatch, OneLineAWindowAndOneWhenTheStragglerIsGone) {
@@ -331,7 +365,8 @@ TEST(StragglerWatch, OneLineAWindowAndOneWhenTheStragglerIsGone) {
   job.run(60);
   ASSERT_EQ(job.lines.size(), 2u);
   EXPECT_NE(job.lines[1].find("straggler gone: rank 2 no longer holds the others back"),
-            std::string::npos) << job.lines[1];
+            std::string::npos)
+      << job.lines[1];
   job.run(60);
   EXPECT_EQ(job.lines.size(), 2u);
 }
@@ -369,8 +404,10 @@ TEST(StragglerWatch, ARankIsNamedFromThinnedArrivalsByTheStepsTheyHold) {
   job.delay = [](int rank, int64_t seq) { return seq % 4 == 0 && rank == 2 ? 0.02 : 0.0; };
   job.run(40);
   ASSERT_FALSE(job.lines.empty());
-  EXPECT_NE(job.lines[0].find("straggler: rank 2 (node node-a, local rank 2) arrives last at 100% of the steps"),
-            std::string::npos) << job.lines[0];
+  EXPECT_NE(job.lines[0].find(
+                "straggler: rank 2 (node node-a, local rank 2) arrives last at 100% of the steps"),
+            std::string::npos)
+      << job.lines[0];
 }
 
 TEST(BandwidthWatch, BusFactorsAreNcclTests) {
@@ -395,11 +432,15 @@ TEST(BandwidthWatch, AnAllReduceThatSlowsDownIsNamedWithItsBandwidthBeforeAndNow
   const std::string& line = job.lines[0];
   // 4 MiB among 3 ranks, 2(n-1)/n: 5.59 MB a collective, in 10 ms then 500 ms; named as soon as
   // the window's slow ones outweigh its fast ones.
-  EXPECT_NE(line.find("slow collective: all_reduce of 4 MiB-16 MiB on group 0 (ranks 0-2) runs at 0.0"),
-            std::string::npos) << line;
-  EXPECT_NE(line.find("GB/s bus bandwidth, under 50% of the 0.559 GB/s it ran at earlier in this job; "
-                      "one takes "),
-            std::string::npos) << line;
+  EXPECT_NE(
+      line.find("slow collective: all_reduce of 4 MiB-16 MiB on group 0 (ranks 0-2) runs at 0.0"),
+      std::string::npos)
+      << line;
+  EXPECT_NE(
+      line.find("GB/s bus bandwidth, under 50% of the 0.559 GB/s it ran at earlier in this job; "
+                "one takes "),
+      std::string::npos)
+      << line;
   EXPECT_LT(job.watch.bandwidth().episodes()[0].busbw_now, 0.5 * 0.559e9);
   EXPECT_GT(job.watch.bandwidth().episodes()[0].busbw_now, 5.59e6 / 0.5);
   ASSERT_EQ(job.watch.bandwidth().episodes().size(), 1u);
@@ -438,7 +479,9 @@ TEST(BandwidthWatch, ItsEndIsSaidOnce) {
   job.transfer_s = [](int64_t seq) { return seq >= 30 && seq < 60 ? 0.5 : 0.01; };
   job.run(120);
   ASSERT_EQ(job.lines.size(), 2u);
-  EXPECT_EQ(job.lines[1], "slow collective gone: all_reduce of 4 MiB-16 MiB on group 0 runs at over 50% of its earlier bandwidth again");
+  EXPECT_EQ(job.lines[1],
+            "slow collective gone: all_reduce of 4 MiB-16 MiB on group 0 runs at over 50% of its "
+            "earlier bandwidth again");
 }
 
 TEST(BandwidthWatch, CollectivesThatStopAreNotSaidToBeFastAgain) {
@@ -456,7 +499,8 @@ TEST(BandwidthWatch, ARankThatArrivesLateMakesNoCollectiveSlow) {
   Job job;
   job.delay = [](int rank, int64_t seq) { return rank == 1 && seq >= 20 ? 0.4 : 0.0; };
   job.run(60);
-  for (const std::string& line : job.lines) EXPECT_EQ(line.find("slow collective"), std::string::npos) << line;
+  for (const std::string& line : job.lines)
+    EXPECT_EQ(line.find("slow collective"), std::string::npos) << line;
   EXPECT_TRUE(job.watch.bandwidth().episodes().empty());
 }
 
@@ -474,7 +518,9 @@ TEST(BandwidthWatch, UnderPreflightsFloorFromTheStartIsSlow) {
   job.transfer_s = [](int64_t) { return 0.2; };
   job.run(30);
   ASSERT_EQ(job.lines.size(), 1u);
-  EXPECT_NE(job.lines[0].find("under 50% of the 2 GB/s that --preflight measured"), std::string::npos) << job.lines[0];
+  EXPECT_NE(job.lines[0].find("under 50% of the 2 GB/s that --preflight measured"),
+            std::string::npos)
+      << job.lines[0];
   EXPECT_TRUE(job.watch.bandwidth().episodes()[0].before_is_preflight);
 }
 
@@ -488,21 +534,26 @@ TEST(BandwidthWatch, SmallCollectivesAndUnknownOpsAreNotTimed) {
 TEST(LinkSamples, TheConnectionWhoseSendQueueStaysFullIsTheSlowLink) {
   LinkSamples samples;
   for (int i = 0; i < kLinkSamples; ++i) {
-    samples.add(2, {{{"10.0.0.3", 50000}, {"10.0.0.1", 41000}, 3u << 20},
-                    {{"10.0.0.3", 50001}, {"10.0.0.2", 42000}, 1000},
-                    {{"10.0.0.3", 50002}, {"10.0.0.1", 29500}, 8u << 20}},  // The job store's.
+    samples.add(2,
+                {{{"10.0.0.3", 50000}, {"10.0.0.1", 41000}, 3u << 20},
+                 {{"10.0.0.3", 50001}, {"10.0.0.2", 42000}, 1000},
+                 {{"10.0.0.3", 50002}, {"10.0.0.1", 29500}, 8u << 20}},  // The job store's.
                 29500);
   }
-  EXPECT_EQ(samples.verdict("c", kLinkSamples),
-            "slow link: rank 2 (node c) sends to 10.0.0.1:41000 slowly: its connection's send queue "
-            "held 3 MiB on average over 2 s, data that the link had not carried yet");
+  EXPECT_EQ(
+      samples.verdict("c", kLinkSamples),
+      "slow link: rank 2 (node c) sends to 10.0.0.1:41000 slowly: its connection's send queue "
+      "held 3 MiB on average over 2 s, data that the link had not carried yet");
 }
 
 TEST(LinkSamples, QueuesThatDrainNameNoLink) {
   LinkSamples samples;
-  samples.add(0, {{{"10.0.0.1", 50000}, {"10.0.0.2", 41000}, 1u << 20}}, 29500);  // One full sample,
-  for (int i = 1; i < kLinkSamples; ++i) samples.add(0, {{{"10.0.0.1", 50000}, {"10.0.0.2", 41000}, 0}}, 29500);
-  EXPECT_EQ(samples.verdict("a", kLinkSamples), std::nullopt);  // ...then empty: a burst, not a slow link.
+  samples.add(0, {{{"10.0.0.1", 50000}, {"10.0.0.2", 41000}, 1u << 20}},
+              29500);  // One full sample,
+  for (int i = 1; i < kLinkSamples; ++i)
+    samples.add(0, {{{"10.0.0.1", 50000}, {"10.0.0.2", 41000}, 0}}, 29500);
+  EXPECT_EQ(samples.verdict("a", kLinkSamples),
+            std::nullopt);  // ...then empty: a burst, not a slow link.
 }
 
 }  // namespace

@@ -29,8 +29,10 @@ class NotifyListener {
     std::memcpy(addr.sun_path, address_.data(), address_.size());
     const bool abstract = address_.front() == '@';
     if (abstract) addr.sun_path[0] = '\0';
-    const auto length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + address_.size() + !abstract);
-    EXPECT_EQ(::bind(fd_.get(), reinterpret_cast<sockaddr*>(&addr), length), 0) << std::strerror(errno);
+    const auto length =
+        static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + address_.size() + !abstract);
+    EXPECT_EQ(::bind(fd_.get(), reinterpret_cast<sockaddr*>(&addr), length), 0)
+        << std::strerror(errno);
   }
   ~NotifyListener() {
     if (address_.front() == '/') ::unlink(address_.c_str());
@@ -52,7 +54,8 @@ class NotifyListener {
 };
 
 std::string temp_socket_path() {
-  return (std::filesystem::temp_directory_path() / ("notify-test-" + std::to_string(::getpid()) + ".sock"))
+  return (std::filesystem::temp_directory_path() /
+          ("notify-test-" + std::to_string(::getpid()) + ".sock"))
       .string();
 }
 
@@ -97,7 +100,8 @@ TEST(WatchdogInterval, IsHalfOfWatchdogUsecWhenMeantForUs) {
   const pid_t self = ::getpid();
   EXPECT_EQ(watchdog_interval("30000000", nullptr, self), std::chrono::microseconds(15000000));
   EXPECT_EQ(watchdog_interval("30000000", "", self), std::chrono::microseconds(15000000));
-  EXPECT_EQ(watchdog_interval("400000", std::to_string(self).c_str(), self), std::chrono::microseconds(200000));
+  EXPECT_EQ(watchdog_interval("400000", std::to_string(self).c_str(), self),
+            std::chrono::microseconds(200000));
   EXPECT_EQ(watchdog_interval("400000", std::to_string(self + 1).c_str(), self), std::nullopt);
   EXPECT_EQ(watchdog_interval(nullptr, nullptr, self), std::nullopt);
   EXPECT_EQ(watchdog_interval("0", nullptr, self), std::nullopt);
@@ -119,13 +123,16 @@ TEST(ServiceNotifier, ReadyPingsStatusAndStopping) {
   status = "jobs: 1 running";
   int pings = 0, statuses = 0;
   const auto until = std::chrono::steady_clock::now() + kStatusInterval + 500ms;
-  run_until(io, [&] {
-    for (std::string got = listener.receive(0ms); !got.empty(); got = listener.receive(0ms)) {
-      pings += got == "WATCHDOG=1";
-      statuses += got == "STATUS=jobs: 1 running";
-    }
-    return std::chrono::steady_clock::now() >= until;
-  }, kStatusInterval + 1s);
+  run_until(
+      io,
+      [&] {
+        for (std::string got = listener.receive(0ms); !got.empty(); got = listener.receive(0ms)) {
+          pings += got == "WATCHDOG=1";
+          statuses += got == "STATUS=jobs: 1 running";
+        }
+        return std::chrono::steady_clock::now() >= until;
+      },
+      kStatusInterval + 1s);
   EXPECT_GE(pings, 8);
   EXPECT_EQ(statuses, 1);
 

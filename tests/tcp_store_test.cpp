@@ -25,10 +25,10 @@ namespace torch1 {
 }
 namespace torch2 {
 [[maybe_unused]] constexpr uint8_t kValidate = 0, kSet = 1, kCompareSet = 2, kGet = 3, kAdd = 4,
-                                   kCheck = 5, kWait = 6, kNumKeys = 7, kDeleteKey = 8,
-                                   kAppend = 9, kMultiGet = 10, kMultiSet = 11, kCancelWait = 12,
-                                   kPing = 13, kQueuePush = 14, kQueuePop = 15, kQueueLen = 16,
-                                   kListKeys = 17, kBarrier = 18;
+                                   kCheck = 5, kWait = 6, kNumKeys = 7, kDeleteKey = 8, kAppend = 9,
+                                   kMultiGet = 10, kMultiSet = 11, kCancelWait = 12, kPing = 13,
+                                   kQueuePush = 14, kQueuePop = 15, kQueueLen = 16, kListKeys = 17,
+                                   kBarrier = 18;
 }
 
 /// Little-endian fields, as torch's SendBuffer writes them.
@@ -405,9 +405,9 @@ TEST_F(TcpStoreServerTest, ResetIsANewStoreOnTheSamePort) {
   TcpStoreServer server(io, bound_acceptor());
   const unsigned short port = server.port();
   tcp::socket old_attempt = connect(port);
-  asio::write(old_attempt, asio::buffer(query(torch1::kSet) + str("/default_pg/0//cpu//0/1") +
-                                        str("stale") + query(torch1::kAdd) + str("barrier") +
-                                        raw<int64_t>(3)));
+  asio::write(old_attempt,
+              asio::buffer(query(torch1::kSet) + str("/default_pg/0//cpu//0/1") + str("stale") +
+                           query(torch1::kAdd) + str("barrier") + raw<int64_t>(3)));
   EXPECT_EQ(receive(old_attempt, 8), raw<int64_t>(3));
   server.reset();
   old_attempt.non_blocking(true);
@@ -428,10 +428,11 @@ TEST_F(TcpStoreServerTest, ResetIsANewStoreOnTheSamePort) {
 TEST_F(TcpStoreServerTest, EraseKeepsConnectionsAndKeysOutsideThePrefix) {
   TcpStoreServer server(io, bound_acceptor());
   tcp::socket client = connect(server.port());
-  asio::write(client, asio::buffer(query(torch1::kSet) + str("mcprun/preflight/0/info/0") + str("a") +
-                                   query(torch1::kSet) + str("mcprun/preflight/1/info/0") + str("b") +
-                                   query(torch1::kSet) + str("/default_pg/0") + str("c") +
-                                   query(torch1::kNumKeys)));
+  asio::write(client,
+              asio::buffer(query(torch1::kSet) + str("mcprun/preflight/0/info/0") + str("a") +
+                           query(torch1::kSet) + str("mcprun/preflight/1/info/0") + str("b") +
+                           query(torch1::kSet) + str("/default_pg/0") + str("c") +
+                           query(torch1::kNumKeys)));
   EXPECT_EQ(receive(client, 8), raw<int64_t>(3));
   server.erase_prefix("mcprun/preflight/0/");
   EXPECT_EQ(server.value("mcprun/preflight/0/info/0"), nullptr);

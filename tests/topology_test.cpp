@@ -38,20 +38,28 @@ TEST(Cpulist, ParsesKernelSyntax) {
 
 TEST(Cpulist, RejectsMalformedText) {
   for (const char* bad : {"3-1", "a", "1,,2", "1,", ",1", "-1", "1-", "0-3-5", "0x1", "1 2",
-                          "4294967296",
-                          "0-2000000"})
+                          "4294967296", "0-2000000"})
     EXPECT_FALSE(parse_cpulist(bad)) << bad;
 }
 
 TEST(Discovery, FindsOnlyNvidiaGpusWithTheirPlacement) {
   FakeSysfs sysfs;
-  sysfs.add({.bus_id = "0000:3b:00.0", .numa_node = 1, .local_cpulist = "8-15",
+  sysfs.add({.bus_id = "0000:3b:00.0",
+             .numa_node = 1,
+             .local_cpulist = "8-15",
              .switch_bus_id = "0000:3a:00.0"});
-  sysfs.add({.bus_id = "0000:3b:00.1", .numa_node = 1, .local_cpulist = "8-15",
-             .switch_bus_id = "0000:3a:00.0", .device_class = "0x040300"});  // Its audio function.
-  sysfs.add({.bus_id = "0000:1a:00.0", .numa_node = 0, .local_cpulist = "0-7",
+  sysfs.add({.bus_id = "0000:3b:00.1",
+             .numa_node = 1,
+             .local_cpulist = "8-15",
+             .switch_bus_id = "0000:3a:00.0",
+             .device_class = "0x040300"});  // Its audio function.
+  sysfs.add({.bus_id = "0000:1a:00.0",
+             .numa_node = 0,
+             .local_cpulist = "0-7",
              .device_class = "0x030000"});  // A VGA-class NVIDIA GPU counts too.
-  sysfs.add({.bus_id = "0000:00:1f.0", .local_cpulist = "0-7", .device_class = "0x030000",
+  sysfs.add({.bus_id = "0000:00:1f.0",
+             .local_cpulist = "0-7",
+             .device_class = "0x030000",
              .vendor = "0x8086"});  // Someone else's VGA.
   sysfs.add({.bus_id = "0000:00:14.0", .device_class = "0x0c0330", .vendor = "0x8086"});  // USB.
 
@@ -178,7 +186,8 @@ TEST(AllowedSet, UuidsAndGpuPrefixesNameGpus) {
   EXPECT_EQ(full.gpus[0].cuda_visible_name(), "GPU-5e5e5e5e-0000-0000-0000-000000000000");
 
   // A prefix must start with "GPU-"; a shorter or bare fragment of a UUID names nothing.
-  EXPECT_NE(topology_order(gpus, std::string("GPU")).error.find("matches no GPU"), std::string::npos);
+  EXPECT_NE(topology_order(gpus, std::string("GPU")).error.find("matches no GPU"),
+            std::string::npos);
   EXPECT_NE(topology_order(gpus, std::string("5e5e")).error, "");
   // A prefix shared by two GPUs is ambiguous, as CUDA treats it.
   EXPECT_NE(topology_order(gpus, std::string("GPU-")).error.find("more than one"),
@@ -191,7 +200,8 @@ TEST(DriverUuids, EachGpuGetsTheUuidTheDriverListsForItsBusId) {
   sysfs.add_driver_information("0000:86:00.0", "GPU-86868686-1111-2222-3333-444444444444", 3);
   sysfs.add_driver_information("0000:1a:00.0", "GPU-1a1a1a1a-1111-2222-3333-444444444444", 0);
   const std::string masked = "GPU-" + std::string(8, '?') + "-" + std::string(4, '?') + "-" +
-                             std::string(4, '?') + "-" + std::string(4, '?') + "-" + std::string(12, '?');
+                             std::string(4, '?') + "-" + std::string(4, '?') + "-" +
+                             std::string(12, '?');
   sysfs.add_driver_information("0000:3b:00.0", masked, 1);  // As a container without rights reads.
   auto gpus = discover_gpus(sysfs.root());
   annotate_with_driver_uuids(gpus, sysfs.proc_root());
@@ -203,8 +213,8 @@ TEST(DriverUuids, EachGpuGetsTheUuidTheDriverListsForItsBusId) {
   auto order = topology_order(gpus);
   std::vector<std::string> visible;
   for (const auto& gpu : order.gpus) visible.push_back(gpu.cuda_visible_name());
-  EXPECT_EQ(visible, (Ids{"GPU-1a1a1a1a-1111-2222-3333-444444444444", "2",
-                          "1", "GPU-86868686-1111-2222-3333-444444444444"}));
+  EXPECT_EQ(visible, (Ids{"GPU-1a1a1a1a-1111-2222-3333-444444444444", "2", "1",
+                          "GPU-86868686-1111-2222-3333-444444444444"}));
 }
 
 TEST(DriverUuids, BusLocationLineWinsAndSpellingsMatch) {
@@ -249,7 +259,8 @@ TEST(AllowedSet, EntryMatchingNothingIsAnErrorNamingIt) {
 
 TEST(SysfsRoot, EnvironmentReplacesSys) {
   const char* saved = ::getenv("MCPRUN_SYSFS_ROOT");
-  const std::optional<std::string> previous = saved ? std::optional<std::string>(saved) : std::nullopt;
+  const std::optional<std::string> previous =
+      saved ? std::optional<std::string>(saved) : std::nullopt;
   ::setenv("MCPRUN_SYSFS_ROOT", "/tmp/fake-sys", 1);
   EXPECT_EQ(sysfs_root(), "/tmp/fake-sys");
   ::setenv("MCPRUN_SYSFS_ROOT", "", 1);

@@ -1,19 +1,19 @@
 #include "launcher/plan/worker_env.hpp"
-#include "launcher/plan/torch_version.hpp"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <fstream>
 
+#include "launcher/plan/torch_version.hpp"
 #include "tests/temp_dir.hpp"
 
 namespace mcprun {
 namespace {
 
 JobIdentity four_rank_job() {
-  return JobIdentity{"127.0.0.1", 29511, "job7", "trainer", 2, 4, 4, 0, 1, false,
-                     "SIGTERM,SIGINT,SIGHUP,SIGQUIT"};
+  return JobIdentity{
+      "127.0.0.1", 29511, "job7", "trainer", 2, 4, 4, 0, 1, false, "SIGTERM,SIGINT,SIGHUP,SIGQUIT"};
 }
 
 WorkerIdentity worker(int local_rank, std::vector<std::string> visible_gpus = {}) {
@@ -24,8 +24,8 @@ WorkerIdentity worker(int local_rank, std::vector<std::string> visible_gpus = {}
 }
 
 TEST(WorkerEnv, TorchrunContract) {
-  Environment env = worker_env_delta(four_rank_job(), worker(2), 1,
-                                     "/run/attempt_1/2/error.json", {});
+  Environment env =
+      worker_env_delta(four_rank_job(), worker(2), 1, "/run/attempt_1/2/error.json", {});
   EXPECT_EQ(env["RANK"], "2");
   EXPECT_EQ(env["LOCAL_RANK"], "2");
   EXPECT_EQ(env["GROUP_RANK"], "0");
@@ -58,7 +58,8 @@ TEST(WorkerEnv, OnlyTheNameTheWorkersTorchReadsIsSet) {
 
 TEST(WorkerEnv, UserSettingsKept) {
   // Either name exported reaches the worker unchanged: one is kept, the other inherited as is.
-  Environment inherited{{"OMP_NUM_THREADS", "6"}, {"NCCL_ASYNC_ERROR_HANDLING", "0"},
+  Environment inherited{{"OMP_NUM_THREADS", "6"},
+                        {"NCCL_ASYNC_ERROR_HANDLING", "0"},
                         {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "3"}};
   Environment env = worker_env_delta(four_rank_job(), worker(0), 0, "e", inherited);
   EXPECT_FALSE(env.contains("OMP_NUM_THREADS"));
@@ -66,15 +67,16 @@ TEST(WorkerEnv, UserSettingsKept) {
   EXPECT_FALSE(env.contains("NCCL_ASYNC_ERROR_HANDLING"));
   const auto merged = merge_environment(inherited, env);
   EXPECT_NE(std::find(merged.begin(), merged.end(), "NCCL_ASYNC_ERROR_HANDLING=0"), merged.end());
-  EXPECT_NE(std::find(merged.begin(), merged.end(), "TORCH_NCCL_ASYNC_ERROR_HANDLING=3"), merged.end());
+  EXPECT_NE(std::find(merged.begin(), merged.end(), "TORCH_NCCL_ASYNC_ERROR_HANDLING=3"),
+            merged.end());
   JobIdentity single = four_rank_job();
   single.local_world_size = single.world_size = 1;
   EXPECT_FALSE(worker_env_delta(single, worker(0), 0, "e", {}).contains("OMP_NUM_THREADS"));
 }
 
 TEST(WorkerEnv, PinnedWorkerSeesTheNodesGpusSoLocalRankIndexesThem) {
-  Environment env = worker_env_delta(four_rank_job(), worker(2, {"GPU-a", "GPU-b", "GPU-c", "GPU-d"}),
-                                     0, "e", {});
+  Environment env = worker_env_delta(four_rank_job(),
+                                     worker(2, {"GPU-a", "GPU-b", "GPU-c", "GPU-d"}), 0, "e", {});
   EXPECT_EQ(env["CUDA_VISIBLE_DEVICES"], "GPU-a,GPU-b,GPU-c,GPU-d");
   EXPECT_EQ(env["LOCAL_RANK"], "2");
   EXPECT_EQ(env["CUDA_DEVICE_ORDER"], "PCI_BUS_ID");
@@ -90,9 +92,12 @@ TEST(WorkerEnv, VirtualLocalRankIsZeroWithOneVisibleGpu) {
 }
 
 TEST(WorkerEnv, InheritedLauncherVariablesAreReplacedWithAWarning) {
-  Environment inherited{{"RANK", "5"},         {"MASTER_ADDR", "10.1.1.1"},
-                        {"MASTER_PORT", "29500"}, {"TORCHELASTIC_RUN_ID", "old"},
-                        {"OMP_NUM_THREADS", "2"}, {"HOME", "/root"}};
+  Environment inherited{{"RANK", "5"},
+                        {"MASTER_ADDR", "10.1.1.1"},
+                        {"MASTER_PORT", "29500"},
+                        {"TORCHELASTIC_RUN_ID", "old"},
+                        {"OMP_NUM_THREADS", "2"},
+                        {"HOME", "/root"}};
   auto warnings = environment_warnings(four_rank_job(), inherited);
   ASSERT_EQ(warnings.size(), 4u);
   auto mentions = [&](const std::string& a, const std::string& b) {
@@ -105,8 +110,8 @@ TEST(WorkerEnv, InheritedLauncherVariablesAreReplacedWithAWarning) {
   EXPECT_TRUE(mentions("RANK='5'", "per-worker"));
   EXPECT_TRUE(mentions("TORCHELASTIC_RUN_ID='old'", "'job7'"));
 
-  auto merged = merge_environment(inherited, worker_env_delta(four_rank_job(), worker(1),
-                                                              0, "e", inherited));
+  auto merged =
+      merge_environment(inherited, worker_env_delta(four_rank_job(), worker(1), 0, "e", inherited));
   auto has = [&](const std::string& entry) {
     return std::find(merged.begin(), merged.end(), entry) != merged.end();
   };
@@ -116,7 +121,6 @@ TEST(WorkerEnv, InheritedLauncherVariablesAreReplacedWithAWarning) {
   EXPECT_FALSE(has("RANK=5"));
   EXPECT_FALSE(has("TORCHELASTIC_RUN_ID=old"));
 }
-
 
 TEST(TorchVersion, ParsesWhatInstallsWrite) {
   EXPECT_EQ(parse_torch_version("2.13.0+cpu")->minor, 13);
@@ -128,14 +132,19 @@ TEST(TorchVersion, ParsesWhatInstallsWrite) {
 }
 
 TEST(TorchVersion, TheNameFollowsTheTorchrunOfThatTorch) {
-  EXPECT_EQ(nccl_async_error_handling_variable(parse_torch_version("1.13.0a0")), "NCCL_ASYNC_ERROR_HANDLING");
-  EXPECT_EQ(nccl_async_error_handling_variable(parse_torch_version("2.1.2")), "NCCL_ASYNC_ERROR_HANDLING");
-  EXPECT_EQ(nccl_async_error_handling_variable(parse_torch_version("2.2.0")), "TORCH_NCCL_ASYNC_ERROR_HANDLING");
-  EXPECT_EQ(nccl_async_error_handling_variable(parse_torch_version("2.13.0+cpu")), "TORCH_NCCL_ASYNC_ERROR_HANDLING");
+  EXPECT_EQ(nccl_async_error_handling_variable(parse_torch_version("1.13.0a0")),
+            "NCCL_ASYNC_ERROR_HANDLING");
+  EXPECT_EQ(nccl_async_error_handling_variable(parse_torch_version("2.1.2")),
+            "NCCL_ASYNC_ERROR_HANDLING");
+  EXPECT_EQ(nccl_async_error_handling_variable(parse_torch_version("2.2.0")),
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING");
+  EXPECT_EQ(nccl_async_error_handling_variable(parse_torch_version("2.13.0+cpu")),
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING");
   EXPECT_EQ(nccl_async_error_handling_variable(std::nullopt), "TORCH_NCCL_ASYNC_ERROR_HANDLING");
 }
 
-/// A fake install: <root>/bin/python3.11 and, where given, torch under lib/python3.11/site-packages.
+/// A fake install: <root>/bin/python3.11 and, where given, torch under
+/// lib/python3.11/site-packages.
 struct FakeInstall {
   testing::TempDir root{"mcprun-python"};
   std::filesystem::path python() const { return root.path() / "bin" / "python3.11"; }
@@ -161,7 +170,8 @@ TEST(TorchVersion, ReadsTheInterpretersOwnSitePackages) {
   // PYTHONPATH comes first, as Python searches it first.
   testing::TempDir path("mcprun-pythonpath");
   install.torch_version_py(path.path(), "1.13.1");
-  found = installed_torch_version(python_package_dirs(install.python(), {{"PYTHONPATH", path.path().string()}}));
+  found = installed_torch_version(
+      python_package_dirs(install.python(), {{"PYTHONPATH", path.path().string()}}));
   ASSERT_TRUE(found);
   EXPECT_EQ(found->minor, 13);
   EXPECT_EQ(found->major, 1);
@@ -173,11 +183,13 @@ TEST(TorchVersion, AVenvIsReadThroughItsSymlinkedInterpreter) {
   testing::TempDir venv("mcprun-venv");
   std::filesystem::create_directories(venv.path() / "bin");
   std::filesystem::create_symlink(base.python(), venv.path() / "bin/python");
-  std::ofstream(venv.path() / "pyvenv.cfg") << "home = /usr/bin\ninclude-system-site-packages = false\n"
-                                               "version = 3.11.2\n";
+  std::ofstream(venv.path() / "pyvenv.cfg")
+      << "home = /usr/bin\ninclude-system-site-packages = false\n"
+         "version = 3.11.2\n";
   EXPECT_FALSE(installed_torch_version(python_package_dirs(venv.path() / "bin/python", {})));
   base.torch_version_py(venv.path() / "lib/python3.11/site-packages", "2.13.0+cpu");
-  EXPECT_EQ(installed_torch_version(python_package_dirs(venv.path() / "bin/python", {}))->text, "2.13.0+cpu");
+  EXPECT_EQ(installed_torch_version(python_package_dirs(venv.path() / "bin/python", {}))->text,
+            "2.13.0+cpu");
 }
 
 TEST(TorchVersion, AMetadataFolderStandsInForVersionPy) {

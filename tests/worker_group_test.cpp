@@ -6,7 +6,6 @@
 #include <signal.h>
 
 #include <boost/asio/post.hpp>
-
 #include <chrono>
 #include <optional>
 #include <vector>

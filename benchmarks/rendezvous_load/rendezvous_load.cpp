@@ -1,6 +1,6 @@
 // rendezvous_load: thousands of simulated mcprun agents in one process, one connection each,
-// speaking rendezvousd's protocol (common/protocol.hpp) in its own encoding. scripts/bench-rendezvous
-// drives it; tests/e2e/test_scale.py runs it against a real rendezvousd.
+// speaking rendezvousd's protocol (common/protocol.hpp) in its own encoding.
+// scripts/bench-rendezvous drives it; tests/e2e/test_scale.py runs it against a real rendezvousd.
 //
 // Usage: rendezvous_load --port PORT [--host 127.0.0.1] [--timeout SECONDS] [--sources 64]
 //
@@ -78,10 +78,19 @@ std::string frame(const json& message) {
 
 /// A join as mcprun's agent sends it, for one node of a job of `size` with one worker.
 std::string join_frame(const std::string& job, size_t node, size_t size) {
-  return frame({{"v", 1}, {"type", "join"}, {"job", job}, {"node", "a" + std::to_string(node)},
-                {"addr", "127.0.0.1"}, {"nproc", 1}, {"master_port", 0}, {"node_rank", -1},
-                {"labels", json::object()}, {"min_nodes", size}, {"max_nodes", size},
-                {"join_timeout_s", 120}, {"last_call_timeout_s", 5},
+  return frame({{"v", 1},
+                {"type", "join"},
+                {"job", job},
+                {"node", "a" + std::to_string(node)},
+                {"addr", "127.0.0.1"},
+                {"nproc", 1},
+                {"master_port", 0},
+                {"node_rank", -1},
+                {"labels", json::object()},
+                {"min_nodes", size},
+                {"max_nodes", size},
+                {"join_timeout_s", 120},
+                {"last_call_timeout_s", 5},
                 // As an agent in a batch job, whose stderr is no terminal, joins.
                 {"progress", false}});
 }
@@ -103,15 +112,15 @@ std::string_view frame_type(std::string_view payload) {
 struct Agent {
   explicit Agent(asio::io_context& io) : socket(io) {}
   tcp::socket socket;
-  std::string inbox;             ///< Bytes read that do not make a whole frame yet.
+  std::string inbox;  ///< Bytes read that do not make a whole frame yet.
   std::string writing, queued;
   bool connected = false;
-  bool closed = false;           ///< Never used again: closed here, or by the daemon.
-  std::string closed_because;    ///< Why, when the daemon's side ended it.
-  bool owes = false;             ///< Still owes the running command its end.
-  bool joined = false;           ///< Has sent its join; a later join command leaves it out.
-  size_t job = 0;                ///< Its job in the running join command.
-  std::string assignment;        ///< The assignment's raw payload, parsed after the clock.
+  bool closed = false;         ///< Never used again: closed here, or by the daemon.
+  std::string closed_because;  ///< Why, when the daemon's side ended it.
+  bool owes = false;           ///< Still owes the running command its end.
+  bool joined = false;         ///< Has sent its join; a later join command leaves it out.
+  size_t job = 0;              ///< Its job in the running join command.
+  std::string assignment;      ///< The assignment's raw payload, parsed after the clock.
   Clock::time_point assigned_at;
   std::chrono::milliseconds heartbeat_interval{0};  ///< As its assignment told; zero: none.
 };
@@ -131,7 +140,11 @@ class LoadGenerator {
 
   LoadGenerator(asio::io_context& io, tcp::endpoint server, size_t sources,
                 std::chrono::milliseconds timeout)
-      : io_(io), server_(server), sources_(sources), timeout_(timeout), deadline_(io),
+      : io_(io),
+        server_(server),
+        sources_(sources),
+        timeout_(timeout),
+        deadline_(io),
         heartbeat_timer_(io) {}
 
   /// Runs one command line; `report` hears its answer once it ends.
@@ -142,7 +155,8 @@ class LoadGenerator {
     if (command == "connect") {
       if (auto count = whole_number(argument)) return connect(*count, std::move(report));
     } else if (command == "join") {
-      if (auto jobs = whole_number(argument); jobs && *jobs > 0) return join(*jobs, std::move(report));
+      if (auto jobs = whole_number(argument); jobs && *jobs > 0)
+        return join(*jobs, std::move(report));
     } else if (command == "idle") {
       char* end = nullptr;
       const double seconds = std::strtod(argument.c_str(), &end);
@@ -195,9 +209,12 @@ class LoadGenerator {
       close(*agent);
     }
     json answer;
-    if (phase_ == "connect") answer = connect_answer(ended, in_time);
-    else if (phase_ == "join") answer = join_answer();
-    else answer = idle_answer(ended);
+    if (phase_ == "connect")
+      answer = connect_answer(ended, in_time);
+    else if (phase_ == "join")
+      answer = join_answer();
+    else
+      answer = idle_answer(ended);
     for (auto& agent : agents_) agent->owes = false;
     auto report = std::move(report_);
     report_ = nullptr;
@@ -287,7 +304,8 @@ class LoadGenerator {
       agents_.push_back(std::make_unique<Agent>(io_));
       Agent& agent = *agents_.back();
       agent.owes = true;
-      if (auto ec = load_generator::open_from(agent.socket, server_, sources_, agents_.size() - 1)) {
+      if (auto ec =
+              load_generator::open_from(agent.socket, server_, sources_, agents_.size() - 1)) {
         broken(agent, "bind: " + ec.message());
         continue;
       }
@@ -310,12 +328,13 @@ class LoadGenerator {
     size_t connected = 0;
     for (size_t i = connect_from_; i < agents_.size(); ++i)
       connected += agents_[i]->connected && !agents_[i]->closed;
-    return {{"phase", "connect"},
-            {"seconds", in_time ? json(std::chrono::duration<double>(ended - start_).count()) : json()},
-            {"agents", agents_.size() - connect_from_},
-            {"connected", connected},
-            {"errors", connect_errors_},
-            {"first_error", connect_first_error_ ? json(*connect_first_error_) : json()}};
+    return {
+        {"phase", "connect"},
+        {"seconds", in_time ? json(std::chrono::duration<double>(ended - start_).count()) : json()},
+        {"agents", agents_.size() - connect_from_},
+        {"connected", connected},
+        {"errors", connect_errors_},
+        {"first_error", connect_first_error_ ? json(*connect_first_error_) : json()}};
   }
 
   // ------------------------------------------------------------------ join
@@ -400,16 +419,17 @@ class LoadGenerator {
         agent.assignment.clear();  // Its numbers are kept; the bytes are not needed again.
       }
       const bool in_time = waiting == 0;
-      json judged{{"job", job.id},
-           {"agents", size},
-           {"seconds", in_time && last ? json(std::chrono::duration<double>(*last - start_).count())
-                                       : json()},
-           {"assigned", assigned},
-           {"ok", in_time && assigned == size && ranks_exact && job.errors == 0},
-           {"errors", job.errors},
-           {"waiting", waiting},
-           {"first_error", job.first_error ? json(*job.first_error) : json()},
-           {"heartbeat_interval_ms", assigned ? json(interval_ms) : json()}};
+      json judged{
+          {"job", job.id},
+          {"agents", size},
+          {"seconds",
+           in_time && last ? json(std::chrono::duration<double>(*last - start_).count()) : json()},
+          {"assigned", assigned},
+          {"ok", in_time && assigned == size && ranks_exact && job.errors == 0},
+          {"errors", job.errors},
+          {"waiting", waiting},
+          {"first_error", job.first_error ? json(*job.first_error) : json()},
+          {"heartbeat_interval_ms", assigned ? json(interval_ms) : json()}};
       answer["jobs"].push_back(std::move(judged));
     }
     return answer;
@@ -429,7 +449,8 @@ class LoadGenerator {
     due_ = {};
     const size_t count = idle_agents_.size();
     for (size_t k = 0; k < count; ++k)
-      due_.push({start_ + std::chrono::duration_cast<Clock::duration>(idle_agents_[k]->heartbeat_interval) *
+      due_.push({start_ + std::chrono::duration_cast<Clock::duration>(
+                              idle_agents_[k]->heartbeat_interval) *
                               static_cast<int64_t>(k) / static_cast<int64_t>(count),
                  k});
     heartbeat();

@@ -166,15 +166,16 @@ class LoadGenerator {
       rank->busy = false;
       close(*rank);
     }
-    size_t lost = std::count_if(ranks_.begin(), ranks_.end(), [](auto& rank) { return rank->lost; });
-    nlohmann::json answer{{"phase", phase_},
-                          {"seconds", in_time ? nlohmann::json(seconds) : nlohmann::json(nullptr)},
-                          {"ranks", phase_ == "connect" ? ranks_.size() : members_.size()},
-                          {"completed", (phase_ == "connect" ? ranks_.size() : members_.size()) -
-                                            errors_ - busy},
-                          {"errors", errors_},
-                          {"error_names", error_names_},
-                          {"lost", lost}};
+    size_t lost =
+        std::count_if(ranks_.begin(), ranks_.end(), [](auto& rank) { return rank->lost; });
+    nlohmann::json answer{
+        {"phase", phase_},
+        {"seconds", in_time ? nlohmann::json(seconds) : nlohmann::json(nullptr)},
+        {"ranks", phase_ == "connect" ? ranks_.size() : members_.size()},
+        {"completed", (phase_ == "connect" ? ranks_.size() : members_.size()) - errors_ - busy},
+        {"errors", errors_},
+        {"error_names", error_names_},
+        {"lost", lost}};
     auto report = std::move(report_);
     report_ = nullptr;
     report(answer);
@@ -303,8 +304,8 @@ class LoadGenerator {
     size_t due = std::min(progress_total_, static_cast<size_t>(elapsed * size) + 1);
     for (; progress_sent_ < due; ++progress_sent_) {
       size_t index = progress_sent_ % size, second = progress_sent_ / size;
-      send(*ranks_[members_[index]], set("mcprun/progress/" + std::to_string(index),
-                                         progress_record(index, second + 1)));
+      send(*ranks_[members_[index]],
+           set("mcprun/progress/" + std::to_string(index), progress_record(index, second + 1)));
     }
     if (progress_sent_ < progress_total_) {
       tick_.expires_after(kProgressTick);

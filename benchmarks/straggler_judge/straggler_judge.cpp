@@ -50,7 +50,8 @@ int main(int argc, char** argv) {
   double cpu_total_s = 0, slowest_s = 0;
   size_t lines = 0;
   for (int second = 1; second <= seconds; ++second) {
-    for (int64_t start_ns = wall_ns; start_ns < wall_ns + kSecond; start_ns += step_ms * 1'000'000LL, ++seq) {
+    for (int64_t start_ns = wall_ns; start_ns < wall_ns + kSecond;
+         start_ns += step_ms * 1'000'000LL, ++seq) {
       GroupArrivals::Arrival arrival;
       arrival.seq = seq;
       arrival.created_ns = start_ns;
@@ -63,7 +64,8 @@ int main(int argc, char** argv) {
     wall_ns += kSecond;
     now += std::chrono::seconds(1);
     const bool with_arrivals = second % kArrivalsEvery == 0;
-    if (with_arrivals && sent.size() > kMaxArrivals) sent.erase(sent.begin(), sent.end() - kMaxArrivals);
+    if (with_arrivals && sent.size() > kMaxArrivals)
+      sent.erase(sent.begin(), sent.end() - kMaxArrivals);
     std::vector<ProgressRecord> records(static_cast<size_t>(ranks));
     for (int rank = 0; rank < ranks; ++rank) {
       ProgressRecord& record = records[static_cast<size_t>(rank)];
@@ -87,7 +89,8 @@ int main(int argc, char** argv) {
     }
     if (with_arrivals) sent.clear();
     const std::chrono::system_clock::time_point wall{
-        std::chrono::duration_cast<std::chrono::system_clock::duration>(std::chrono::nanoseconds(wall_ns))};
+        std::chrono::duration_cast<std::chrono::system_clock::duration>(
+            std::chrono::nanoseconds(wall_ns))};
     const double before = cpu_seconds();
     for (const ProgressRecord& record : records) watch.observe(record, wall_ns + 200'000, now);
     if (watch.bandwidth().check(now, wall)) ++lines;
@@ -96,9 +99,10 @@ int main(int argc, char** argv) {
     cpu_total_s += took;
     slowest_s = std::max(slowest_s, took);
   }
-  std::printf("{\"ranks\": %d, \"seconds\": %d, \"step_ms\": %d, \"cpu_ms_per_s\": %.3f, "
-              "\"slowest_second_ms\": %.3f, \"lines\": %zu, \"straggler_named\": %s}\n",
-              ranks, seconds, step_ms, 1000 * cpu_total_s / seconds, 1000 * slowest_s, lines,
-              watch.episodes().empty() ? "false" : "true");
+  std::printf(
+      "{\"ranks\": %d, \"seconds\": %d, \"step_ms\": %d, \"cpu_ms_per_s\": %.3f, "
+      "\"slowest_second_ms\": %.3f, \"lines\": %zu, \"straggler_named\": %s}\n",
+      ranks, seconds, step_ms, 1000 * cpu_total_s / seconds, 1000 * slowest_s, lines,
+      watch.episodes().empty() ? "false" : "true");
   return 0;
 }

@@ -89,12 +89,12 @@ struct ClockReading {
 
 /// The NCCL the workers' torch uses, as that python reports it.
 struct TorchNccl {
-  std::string torch_version;             ///< torch.__version__.
-  std::string cuda_version;              ///< torch.version.cuda; empty: a CPU build.
-  std::string loaded;                    ///< ncclGetVersion of the library torch runs: "2.20.5".
-  std::string load_error;                ///< Why torch could not report it, if it could not.
-  std::vector<std::string> libraries;    ///< Every libnccl mapped into that process.
-  std::string shipped;                   ///< The nvidia-nccl-cu* package torch depends on, if any.
+  std::string torch_version;           ///< torch.__version__.
+  std::string cuda_version;            ///< torch.version.cuda; empty: a CPU build.
+  std::string loaded;                  ///< ncclGetVersion of the library torch runs: "2.20.5".
+  std::string load_error;              ///< Why torch could not report it, if it could not.
+  std::vector<std::string> libraries;  ///< Every libnccl mapped into that process.
+  std::string shipped;                 ///< The nvidia-nccl-cu* package torch depends on, if any.
 };
 
 /// The OS seam: every probe of the live system the checks make, so tests can fake each answer.

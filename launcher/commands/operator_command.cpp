@@ -1,9 +1,9 @@
 #include "launcher/commands/operator_command.hpp"
 
-#include <boost/asio/io_context.hpp>
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
+#include <boost/asio/io_context.hpp>
 #include <cstdio>
 #include <iostream>
 #include <optional>
@@ -12,9 +12,9 @@
 #include "common/event_loop.hpp"
 #include "common/exit_status.hpp"
 #include "common/framed_session.hpp"
-#include "launcher/config/subcommand.hpp"
 #include "common/messages.hpp"
 #include "common/protocol.hpp"
+#include "launcher/config/subcommand.hpp"
 
 namespace mcprun {
 namespace {
@@ -51,12 +51,14 @@ Expected<nlohmann::json> ask_daemon(const std::string& endpoint, const nlohmann:
   if (!parsed) return Error{"--rdzv-endpoint " + parsed.error().message};
   asio::io_context io;
   auto dialled = connect_within(io, *parsed, kConnectTimeout);
-  if (!dialled) return Error{"cannot reach rendezvousd at " + endpoint + ": " + dialled.error().message};
-  auto exchange = std::make_shared<OperatorExchange>(std::move(dialled->socket),
-                                                     "rendezvousd at " + endpoint, kUnmeteredLimits);
+  if (!dialled)
+    return Error{"cannot reach rendezvousd at " + endpoint + ": " + dialled.error().message};
+  auto exchange = std::make_shared<OperatorExchange>(
+      std::move(dialled->socket), "rendezvousd at " + endpoint, kUnmeteredLimits);
   exchange->start(std::chrono::milliseconds::zero());  // Bounded below, with the command's line.
   exchange->send(request);
-  const bool answered = run_until(io, [&] { return exchange->answer.has_value(); }, kOperatorRequestTimeout);
+  const bool answered = run_until(
+      io, [&] { return exchange->answer.has_value(); }, kOperatorRequestTimeout);
   if (!answered) {
     exchange->close();
     return Error{fmt::format("rendezvousd at {} did not answer within {} s", endpoint,
@@ -75,15 +77,15 @@ void print_jobs(const std::vector<JobSummary>& jobs) {
   std::cout << fmt::format("{:<24} {:<24} {:>5} {:>5} {:<9} {:>6}\n", "ID", "OWNER", "NODES",
                            "RANKS", "STATE", "AGE");
   for (const JobSummary& job : jobs)
-    std::cout << fmt::format("{:<24} {:<24} {:>5} {:>5} {:<9} {:>6}\n", job.id, job.owner, job.nodes,
-                             job.ranks, job.state, format_age(job.age_s));
+    std::cout << fmt::format("{:<24} {:<24} {:>5} {:>5} {:<9} {:>6}\n", job.id, job.owner,
+                             job.nodes, job.ranks, job.state, format_age(job.age_s));
 }
 
 void print_status(const JobStatus& status) {
   const JobSummary& job = status.summary;
-  std::cout << fmt::format("job {}: {}, owner {}, {} node(s) ({}..{}), {} rank(s), age {}\n", job.id,
-                           job.state, job.owner, job.nodes, status.min_nodes, status.max_nodes,
-                           job.ranks, format_age(job.age_s));
+  std::cout << fmt::format("job {}: {}, owner {}, {} node(s) ({}..{}), {} rank(s), age {}\n",
+                           job.id, job.state, job.owner, job.nodes, status.min_nodes,
+                           status.max_nodes, job.ranks, format_age(job.age_s));
   if (!status.master.empty()) std::cout << "  master " << status.master << "\n";
   for (const JobPlacementLine& node : status.placement)
     std::cout << fmt::format("  node rank {}: {} ({}), ranks {}\n", node.group_rank, node.node,
@@ -96,13 +98,15 @@ void print_status(const JobStatus& status) {
 
 int run_operator_command(const std::vector<std::string>& args) {
   const std::string command = args.front();
-  CLI::App app{command == "jobs"     ? "mcprun jobs: the jobs rendezvousd serves that you may see"
-               : command == "status" ? "mcprun status ID: one job's state, nodes and placement"
-                                     : "mcprun stop ID: stop a job on every node (its workers get SIGTERM)",
+  CLI::App app{command == "jobs" ? "mcprun jobs: the jobs rendezvousd serves that you may see"
+               : command == "status"
+                   ? "mcprun status ID: one job's state, nodes and placement"
+                   : "mcprun stop ID: stop a job on every node (its workers get SIGTERM)",
                "mcprun " + command};
-  app.footer(fmt::format("Waits at most {} s to connect and {} s for the answer; past either, one "
-                         "line and exit {}.", kConnectTimeout.count(), kOperatorRequestTimeout.count(),
-                         static_cast<int>(kExitRendezvous)));
+  app.footer(fmt::format(
+      "Waits at most {} s to connect and {} s for the answer; past either, one "
+      "line and exit {}.",
+      kConnectTimeout.count(), kOperatorRequestTimeout.count(), static_cast<int>(kExitRendezvous)));
   std::string endpoint = kDefaultDaemonEndpoint, token_file, job;
   bool json = false;
   app.add_option("--rdzv-endpoint", endpoint, "rendezvousd to ask: unix:PATH or HOST:PORT")
@@ -128,7 +132,8 @@ int run_operator_command(const std::vector<std::string>& args) {
   const nlohmann::json& reply = *answer;
   // Each answer is parsed before anything is printed: a malformed one is one line, not a crash.
   auto malformed = [&](const std::string& reason) {
-    std::fprintf(stderr, "mcprun: rendezvousd at %s sent a malformed %s\n", endpoint.c_str(), reason.c_str());
+    std::fprintf(stderr, "mcprun: rendezvousd at %s sent a malformed %s\n", endpoint.c_str(),
+                 reason.c_str());
     return kExitRendezvous;
   };
   const std::string type = message_type(reply);
@@ -142,13 +147,17 @@ int run_operator_command(const std::vector<std::string>& args) {
   if (command == "jobs") {
     auto jobs = parse_jobs_reply(reply);
     if (!jobs) return malformed(jobs.error().message);
-    if (json) std::cout << reply["jobs"].dump(2) << "\n";
-    else print_jobs(*jobs);
+    if (json)
+      std::cout << reply["jobs"].dump(2) << "\n";
+    else
+      print_jobs(*jobs);
   } else if (command == "status") {
     auto status = parse_status_reply(reply);
     if (!status) return malformed(status.error().message);
-    if (json) std::cout << reply["job"].dump(2) << "\n";
-    else print_status(*status);
+    if (json)
+      std::cout << reply["job"].dump(2) << "\n";
+    else
+      print_status(*status);
   } else {
     std::cout << "stopped job " << job << "\n";
   }

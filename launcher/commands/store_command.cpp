@@ -12,8 +12,8 @@
 #include "common/connection_limits.hpp"
 #include "common/descriptor_limit.hpp"
 #include "common/exit_status.hpp"
-#include "launcher/config/subcommand.hpp"
 #include "common/logging.hpp"
+#include "launcher/config/subcommand.hpp"
 #include "launcher/store/tcp_store.hpp"
 
 namespace mcprun {

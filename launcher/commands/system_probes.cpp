@@ -1,6 +1,4 @@
 // SystemDoctorProbes: what mcprun doctor asks of the real system (sockets, routes, clocks, torch).
-#include "launcher/commands/doctor.hpp"
-
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <net/if.h>
@@ -23,6 +21,7 @@
 #include "common/protocol.hpp"
 #include "common/sys.hpp"
 #include "common/unique_fd.hpp"
+#include "launcher/commands/doctor.hpp"
 #include "launcher/plan/rank_plan.hpp"
 #include "launcher/plan/worker_env.hpp"
 #include "launcher/process/deadline.hpp"
@@ -310,13 +309,13 @@ print(json.dumps(found))
 }  // namespace
 
 Expected<TorchNccl> SystemDoctorProbes::torch_nccl(const std::string& python,
-                                                  const Environment& env) {
+                                                   const Environment& env) {
   auto resolved = find_executable(python, search_path_of(env));
   if (!resolved) return Error{python + " not found"};
   PosixProcessControl control;
-  auto run = run_with_deadline(control, {*resolved, "-c", kTorchNcclScript},
-                               merge_environment(env, {}), kTorchProbeTimeout,
-                               kTorchProbeExitTimeout);
+  auto run =
+      run_with_deadline(control, {*resolved, "-c", kTorchNcclScript}, merge_environment(env, {}),
+                        kTorchProbeTimeout, kTorchProbeExitTimeout);
   if (!run) return run.error();
   if (run->timed_out)
     return Error{"no answer within " + std::to_string(kTorchProbeTimeout.count()) + " s"};
@@ -324,9 +323,12 @@ Expected<TorchNccl> SystemDoctorProbes::torch_nccl(const std::string& python,
   try {
     const auto found = nlohmann::json::parse(output);
     if (found.contains("error")) return Error{found["error"].get<std::string>()};
-    return TorchNccl{found.at("torch"), found.at("cuda"), found.value("loaded", ""),
+    return TorchNccl{found.at("torch"),
+                     found.at("cuda"),
+                     found.value("loaded", ""),
                      found.value("load_error", ""),
-                     found.value("libraries", std::vector<std::string>{}), found.value("shipped", "")};
+                     found.value("libraries", std::vector<std::string>{}),
+                     found.value("shipped", "")};
   } catch (const nlohmann::json::exception&) {
     return Error{*resolved + " printed no answer (" +
                  (output.empty() ? "nothing" : output.substr(0, 200)) + ")"};

@@ -114,8 +114,7 @@ Expected<void> read_key(CLI::App& app, const std::string& path, const YAML::Node
                         const YAML::Node& value, JobFile& job, std::map<std::string, int>& seen) {
   const int line = key_node.Mark().line + 1;
   const std::string where = path + ":" + std::to_string(line) + ": ";
-  if (!key_node.IsScalar())
-    return Error{where + "expected a flag name, got " + describe(key_node)};
+  if (!key_node.IsScalar()) return Error{where + "expected a flag name, got " + describe(key_node)};
   const std::string key = key_node.Scalar();
   std::string name = key;
   std::replace(name.begin(), name.end(), '_', '-');
@@ -133,16 +132,14 @@ Expected<void> read_key(CLI::App& app, const std::string& path, const YAML::Node
   seen[name] = line;
 
   if (name == "script") {
-    if (!value.IsScalar())
-      return Error{where + "script: expected a path, got " + describe(value)};
+    if (!value.IsScalar()) return Error{where + "script: expected a path, got " + describe(value)};
     job.script = value.Scalar();
   } else if (name == "args") {
     if (!value.IsNull() && !value.IsSequence())
       return Error{where + "args: expected a list of arguments, got " + describe(value)};
     for (const auto& arg : value) {
       if (!arg.IsScalar())
-        return Error{where + "args: expected a list of arguments, got " + describe(arg) +
-                     " in it"};
+        return Error{where + "args: expected a list of arguments, got " + describe(arg) + " in it"};
       job.script_args.push_back(arg.Scalar());
     }
   } else if (name == "env") {
@@ -167,8 +164,7 @@ Expected<void> read_key(CLI::App& app, const std::string& path, const YAML::Node
     try {
       app.parse(std::vector<std::string>{"--" + name + "=" + *text});
     } catch (const CLI::ParseError&) {
-      return Error{where + key + ": expected " + expected(*option, name) + ", got '" + *text +
-                   "'"};
+      return Error{where + key + ": expected " + expected(*option, name) + ", got '" + *text + "'"};
     }
     job.flag_lines[name] = line;
   }
@@ -215,8 +211,7 @@ Expected<JobFile> apply_job_file(CLI::App& app, const std::string& path) {
     if (auto read = read_key(app, path, entry.first, entry.second, job, seen); !read)
       return read.error();
   if (!job.script && seen.contains("args"))
-    return Error{path + ":" + std::to_string(seen["args"]) +
-                 ": args: needs script: beside it"};
+    return Error{path + ":" + std::to_string(seen["args"]) + ": args: needs script: beside it"};
   for (auto& [option, envname] : envnames)
     if (option->get_lnames().empty() || !job.flag_lines.contains(option->get_lnames().front()))
       option->envname(envname);

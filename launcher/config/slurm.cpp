@@ -1,8 +1,8 @@
 #include "launcher/config/slurm.hpp"
 
+#include <arpa/inet.h>
 #include <netdb.h>
 #include <sys/socket.h>
-#include <arpa/inet.h>
 
 #include <algorithm>
 #include <charconv>
@@ -34,7 +34,8 @@ std::optional<std::vector<std::string>> expand_ranges(std::string_view ranges) {
     const auto dash = item.find('-');
     const std::string lo_text = item.substr(0, dash);
     auto lo = parse_number(lo_text);
-    auto hi = dash == std::string::npos ? lo : parse_number(std::string_view(item).substr(dash + 1));
+    auto hi =
+        dash == std::string::npos ? lo : parse_number(std::string_view(item).substr(dash + 1));
     if (!lo || !hi || *hi < *lo || *hi - *lo > 100000) return std::nullopt;
     for (long n = *lo; n <= *hi; ++n) {
       std::string digits = std::to_string(n);
@@ -78,7 +79,8 @@ std::optional<std::string> lookup(const Environment& env, const char* name) {
 }
 
 /// The first of the named variables that is set.
-std::optional<std::string> first_of(const Environment& env, std::initializer_list<const char*> names) {
+std::optional<std::string> first_of(const Environment& env,
+                                    std::initializer_list<const char*> names) {
   for (const char* name : names)
     if (auto value = lookup(env, name)) return value;
   return std::nullopt;
@@ -86,10 +88,9 @@ std::optional<std::string> first_of(const Environment& env, std::initializer_lis
 
 /// Whether `host` is safe to put on scontrol's command line (a Slurm node name).
 bool plain_host_name(const std::string& host) {
-  return !host.empty() && host.size() < 256 &&
-         std::all_of(host.begin(), host.end(), [](char c) {
-           return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.';
-         });
+  return !host.empty() && host.size() < 256 && std::all_of(host.begin(), host.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.';
+  });
 }
 
 std::optional<std::string> getaddrinfo_address(const std::string& host) {
@@ -105,8 +106,10 @@ std::optional<std::string> getaddrinfo_address(const std::string& host) {
       if (entry->ai_family != family) continue;
       char text[INET6_ADDRSTRLEN] = {};
       const void* address =
-          family == AF_INET ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(entry->ai_addr)->sin_addr)
-                            : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(entry->ai_addr)->sin6_addr);
+          family == AF_INET
+              ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(entry->ai_addr)->sin_addr)
+              : static_cast<const void*>(
+                    &reinterpret_cast<sockaddr_in6*>(entry->ai_addr)->sin6_addr);
       if (::inet_ntop(family, address, text, sizeof text)) return std::string(text);
     }
   return std::nullopt;
@@ -133,8 +136,10 @@ Expected<std::vector<std::string>> expand_hostlist(std::string_view text) {
   };
   for (size_t i = 0; i <= text.size(); ++i) {
     const char c = i < text.size() ? text[i] : ',';
-    if (c == '[') ++depth;
-    else if (c == ']' && depth > 0) --depth;
+    if (c == '[')
+      ++depth;
+    else if (c == ']' && depth > 0)
+      --depth;
     else if ((c == ',' || c == ' ' || c == '\n') && depth == 0 && !take(i))
       return not_a_hostlist(text);
   }
@@ -202,7 +207,8 @@ Expected<std::optional<SlurmStep>> detect_slurm_step(const Environment& env) {
     return Error{"SLURM_NODEID=" + std::to_string(step.node_id) + " is not below the step's " +
                  std::to_string(step.nnodes) + " node(s)"};
 
-  if (auto nodelist = first_of(env, {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"})) {
+  if (auto nodelist =
+          first_of(env, {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"})) {
     auto hosts = expand_hostlist(*nodelist);
     if (!hosts) return hosts.error();
     step.hosts = std::move(*hosts);
@@ -215,13 +221,13 @@ Expected<std::optional<SlurmStep>> detect_slurm_step(const Environment& env) {
     if (!counts)
       return Error{"SLURM_TASKS_PER_NODE=" + *tasks_text + ": expected counts like 1(x2)"};
     step.max_tasks_per_node = *std::max_element(counts->begin(), counts->end());
-  } else if (auto per_node = lookup(env, "SLURM_NTASKS_PER_NODE"); per_node && parse_number(*per_node)) {
+  } else if (auto per_node = lookup(env, "SLURM_NTASKS_PER_NODE");
+             per_node && parse_number(*per_node)) {
     step.max_tasks_per_node = static_cast<int>(*parse_number(*per_node));
   }
   auto ntasks = number({"SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"}, step.nnodes);
   if (!ntasks) return ntasks.error();
-  if (*ntasks > step.nnodes)
-    step.max_tasks_per_node = std::max(step.max_tasks_per_node, 2);
+  if (*ntasks > step.nnodes) step.max_tasks_per_node = std::max(step.max_tasks_per_node, 2);
 
   // What Slurm granted: the gres CUDA_VISIBLE_DEVICES it set (renumbered inside a device cgroup),
   // else the step's GPU indices, else the job's.
@@ -240,8 +246,8 @@ std::optional<std::string> resolve_slurm_host(const std::string& host) {
   std::vector<std::string> env_lines;
   for (const auto& [key, value] : env) env_lines.push_back(key + "=" + value);
   PosixProcessControl control;
-  auto run = run_with_deadline(control, {*scontrol, "-o", "show", "node", host}, std::move(env_lines),
-                               kScontrolTimeout, kKilledExitTimeout);
+  auto run = run_with_deadline(control, {*scontrol, "-o", "show", "node", host},
+                               std::move(env_lines), kScontrolTimeout, kKilledExitTimeout);
   if (!run || run->timed_out) return std::nullopt;
   const std::string& output = run->output;
   const auto at = output.find("NodeAddr=");
@@ -262,8 +268,9 @@ double slurm_kill_wait(const Environment& env) {
     if (auto value = seconds(*exported)) return *value;
   std::ifstream conf(lookup(env, "SLURM_CONF").value_or("/etc/slurm/slurm.conf"));
   for (std::string line; std::getline(conf, line);) {
-    line.erase(std::remove_if(line.begin(), line.end(), [](char c) { return c == ' ' || c == '\t'; }),
-               line.end());
+    line.erase(
+        std::remove_if(line.begin(), line.end(), [](char c) { return c == ' ' || c == '\t'; }),
+        line.end());
     std::string lower = line;
     for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
     if (lower.rfind("killwait=", 0) == 0)
@@ -300,13 +307,15 @@ Expected<void> apply_slurm(
     taken.push_back("run id " + config.rdzv_id);
   }
   const bool rendezvous = config.rdzv_backend == "c10d";
-  const bool needs_master = rendezvous ? !set_by_user("rdzv-endpoint")
-                                       : !set_by_user("master-addr") && !set_by_user("rdzv-endpoint");
+  const bool needs_master = rendezvous
+                                ? !set_by_user("rdzv-endpoint")
+                                : !set_by_user("master-addr") && !set_by_user("rdzv-endpoint");
   if (needs_master && !step->hosts.empty()) {
     const std::string& first = step->hosts.front();
     auto address = resolve(first);
     if (!address)
-      return Error{"Slurm's first node " + first + " resolves to no address (getaddrinfo, "
+      return Error{"Slurm's first node " + first +
+                   " resolves to no address (getaddrinfo, "
                    "scontrol show node): give --master-addr (or --rdzv-endpoint) yourself"};
     if (rendezvous) {
       config.rdzv_endpoint = Endpoint{*address, step->master_port(), ""}.text();

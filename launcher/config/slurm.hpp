@@ -44,9 +44,9 @@ struct SlurmStep {
   std::string step_id;
   int nnodes = 1;
   int node_id = 0;
-  std::vector<std::string> hosts;      ///< The step's nodes, in Slurm's order.
-  std::optional<std::string> gpus;     ///< The GPUs Slurm granted, CUDA_VISIBLE_DEVICES syntax.
-  int max_tasks_per_node = 1;          ///< More than 1 is the srun -n N mistake.
+  std::vector<std::string> hosts;   ///< The step's nodes, in Slurm's order.
+  std::optional<std::string> gpus;  ///< The GPUs Slurm granted, CUDA_VISIBLE_DEVICES syntax.
+  int max_tasks_per_node = 1;       ///< More than 1 is the srun -n N mistake.
   std::string run_id() const { return job_id + "." + step_id; }
   int master_port() const;
 };

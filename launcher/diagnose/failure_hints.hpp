@@ -46,7 +46,7 @@ struct HintJob {
 /// A rank that exited 0 while its peers still ran collectives with it.
 struct EarlyFinisher {
   int rank = 0;
-  double seconds_before = 0;  ///< Before the failing rank failed.
+  double seconds_before = 0;    ///< Before the failing rank failed.
   bool exit_code_known = true;  ///< It exited 0; else its interpreter was exiting.
 };
 

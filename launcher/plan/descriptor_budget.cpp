@@ -6,7 +6,8 @@
 namespace mcprun {
 
 long torch_store_connections(const std::optional<TorchVersion>& torch) {
-  const bool callback_client = !torch || torch->major < 2 || (torch->major == 2 && torch->minor < 1);
+  const bool callback_client =
+      !torch || torch->major < 2 || (torch->major == 2 && torch->minor < 1);
   return callback_client ? 2 : 1;
 }
 

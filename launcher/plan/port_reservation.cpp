@@ -1,11 +1,10 @@
 #include "launcher/plan/port_reservation.hpp"
 
+#include <fmt/format.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 
 #include <boost/asio/ip/v6_only.hpp>
-#include <fmt/format.h>
-
 #include <cerrno>
 #include <cstring>
 
@@ -31,9 +30,9 @@ Expected<PortReservation> PortReservation::reserve(int port) {
   return PortReservation(std::move(fd), ntohs(address.sin_port));
 }
 
-Expected<boost::asio::ip::tcp::acceptor> store_acceptor(boost::asio::io_context& io,
-                                                        const std::string& master_addr, int port,
-                                                        std::optional<PortReservation>& reservation) {
+Expected<boost::asio::ip::tcp::acceptor> store_acceptor(
+    boost::asio::io_context& io, const std::string& master_addr, int port,
+    std::optional<PortReservation>& reservation) {
   namespace ip = boost::asio::ip;
   ip::tcp::acceptor acceptor(io);
   boost::system::error_code ec;
@@ -50,7 +49,8 @@ Expected<boost::asio::ip::tcp::acceptor> store_acceptor(boost::asio::io_context&
   }
   if (!ec) acceptor.listen(kListenBacklog, ec);
   if (ec)
-    return Error{fmt::format("cannot serve the job store on MASTER_PORT {}: {}", port, ec.message())};
+    return Error{
+        fmt::format("cannot serve the job store on MASTER_PORT {}: {}", port, ec.message())};
   return acceptor;
 }
 

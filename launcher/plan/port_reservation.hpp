@@ -3,7 +3,6 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
-
 #include <optional>
 #include <string>
 
@@ -38,8 +37,8 @@ class PortReservation {
 /// The job store's listening socket on MASTER_PORT: the reserved socket when `reservation` holds
 /// that port (the reservation is then spent), else a fresh bind (a --master-port the user chose).
 /// An IPv6 MASTER_ADDR gets a dual-stack IPv6 socket, so that its workers can connect.
-Expected<boost::asio::ip::tcp::acceptor> store_acceptor(boost::asio::io_context& io,
-                                                        const std::string& master_addr, int port,
-                                                        std::optional<PortReservation>& reservation);
+Expected<boost::asio::ip::tcp::acceptor> store_acceptor(
+    boost::asio::io_context& io, const std::string& master_addr, int port,
+    std::optional<PortReservation>& reservation);
 
 }  // namespace mcprun

@@ -1,6 +1,4 @@
 #include "launcher/plan/rank_plan.hpp"
-#include "common/sys.hpp"
-#include "launcher/plan/torch_version.hpp"
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>
@@ -10,6 +8,9 @@
 #include <filesystem>
 #include <sstream>
 #include <thread>
+
+#include "common/sys.hpp"
+#include "launcher/plan/torch_version.hpp"
 
 namespace mcprun {
 namespace {
@@ -59,13 +60,16 @@ namespace {
 Expected<int> resolve_nproc(const NprocSpec& spec, int gpu_count) {
   const int cpu_count = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   switch (spec.kind) {
-    case NprocSpec::Kind::kCount: return spec.count;
-    case NprocSpec::Kind::kCpu: return cpu_count;
+    case NprocSpec::Kind::kCount:
+      return spec.count;
+    case NprocSpec::Kind::kCpu:
+      return cpu_count;
     case NprocSpec::Kind::kGpu:
       if (gpu_count == 0)
         return Error{"--nproc-per-node gpu: no NVIDIA GPU found (use a count, cpu or auto)"};
       return gpu_count;
-    case NprocSpec::Kind::kAuto: return gpu_count > 0 ? gpu_count : cpu_count;
+    case NprocSpec::Kind::kAuto:
+      return gpu_count > 0 ? gpu_count : cpu_count;
   }
   return spec.count;
 }
@@ -125,10 +129,10 @@ std::vector<RankSlot> rank_slots(const LaunchConfig& config, const TopologyOrder
     slot.identity.rank = group_rank * nproc + local_rank;
     if (pinned) {
       slot.identity.gpu = order.gpus[local_rank];
-      slot.identity.visible_gpus = config.virtual_local_rank
-                                       ? std::vector<std::string>{job_gpus[local_rank]}
-                                       : job_gpus;
-      if (config.bind == LaunchConfig::CpuBind::kNuma) slot.cpus = order.gpus[local_rank].local_cpus;
+      slot.identity.visible_gpus =
+          config.virtual_local_rank ? std::vector<std::string>{job_gpus[local_rank]} : job_gpus;
+      if (config.bind == LaunchConfig::CpuBind::kNuma)
+        slot.cpus = order.gpus[local_rank].local_cpus;
     }
     slots.push_back(std::move(slot));
   }
@@ -156,8 +160,9 @@ Expected<void> bind_numa(const LaunchConfig& config, const TopologyOrder& order,
 /// Warnings for flags without effect here and for inherited variables; --nccl-debug's variables.
 void finish_plan(const LaunchConfig& config, const Environment& inherited, RankPlan& plan) {
   if (config.virtual_local_rank && !plan.pinned)
-    plan.warnings.push_back("--virtual-local-rank sets LOCAL_RANK=0 for every worker of an "
-                            "unpinned job: ranks on one node can no longer tell their GPU apart");
+    plan.warnings.push_back(
+        "--virtual-local-rank sets LOCAL_RANK=0 for every worker of an "
+        "unpinned job: ranks on one node can no longer tell their GPU apart");
   if (config.bind == LaunchConfig::CpuBind::kNuma && !plan.pinned)
     plan.warnings.push_back("--bind numa has no effect without pinned GPUs");
   plan.nccl_log_files = config.nccl_debug;
@@ -179,7 +184,8 @@ Expected<RankPlan> build_rank_plan(const LaunchConfig& config, std::vector<GpuDe
   // The user's allowed set: --gpus wins over an inherited CUDA_VISIBLE_DEVICES.
   std::optional<std::string> allowed = config.gpus;
   if (!allowed)
-    if (auto it = inherited.find("CUDA_VISIBLE_DEVICES"); it != inherited.end()) allowed = it->second;
+    if (auto it = inherited.find("CUDA_VISIBLE_DEVICES"); it != inherited.end())
+      allowed = it->second;
   TopologyOrder order = topology_order(std::move(discovered), allowed);
   if (!order.error.empty())
     return Error{(config.gpus ? "--gpus: " : "CUDA_VISIBLE_DEVICES: ") + order.error};
@@ -192,9 +198,8 @@ Expected<RankPlan> build_rank_plan(const LaunchConfig& config, std::vector<GpuDe
   // `-n cpu` asks for a CPU job; no GPU at all is a CPU job too, and not an error.
   plan.pinned = !config.no_pin && gpu_count > 0 && config.nproc.kind != NprocSpec::Kind::kCpu;
   if (plan.pinned && nproc > gpu_count)
-    return Error{std::to_string(nproc) + " GPU-pinned ranks but only " +
-                      std::to_string(gpu_count) +
-                      " GPU(s) allowed; lower --nproc-per-node or pass --no-pin to share GPUs"};
+    return Error{std::to_string(nproc) + " GPU-pinned ranks but only " + std::to_string(gpu_count) +
+                 " GPU(s) allowed; lower --nproc-per-node or pass --no-pin to share GPUs"};
 
   auto argv = worker_argv(config, inherited);
   if (!argv) return argv.error();
@@ -203,9 +208,16 @@ Expected<RankPlan> build_rank_plan(const LaunchConfig& config, std::vector<GpuDe
   // A static multi-node job knows its place from the flags; a rendezvous moves it later.
   const int group_rank = config.uses_rendezvous() ? 0 : config.node_rank.value_or(0);
   const int group_world_size = config.uses_rendezvous() ? 1 : config.max_nodes;
-  plan.job = JobIdentity{config.master_addr, master_port, config.rdzv_id, config.role,
-                         config.max_restarts, nproc, nproc * group_world_size, group_rank,
-                         group_world_size, config.virtual_local_rank,
+  plan.job = JobIdentity{config.master_addr,
+                         master_port,
+                         config.rdzv_id,
+                         config.role,
+                         config.max_restarts,
+                         nproc,
+                         nproc * group_world_size,
+                         group_rank,
+                         group_world_size,
+                         config.virtual_local_rank,
                          format_signal_list(config.signals_to_handle)};
   plan.torch = workers_torch(config, plan.argv, inherited);
   plan.job.nccl_async_error_handling = nccl_async_error_handling_variable(plan.torch);
@@ -224,16 +236,19 @@ std::optional<std::string> interface_for_address(const std::string& local_addres
     char text[INET6_ADDRSTRLEN] = {};
     const int family = entry->ifa_addr->sa_family;
     if (family == AF_INET)
-      ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(entry->ifa_addr)->sin_addr, text, sizeof text);
+      ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(entry->ifa_addr)->sin_addr, text,
+                  sizeof text);
     else if (family == AF_INET6)
-      ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(entry->ifa_addr)->sin6_addr, text, sizeof text);
+      ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(entry->ifa_addr)->sin6_addr, text,
+                  sizeof text);
     if (local_address == text) found = entry->ifa_name;
   }
   ::freeifaddrs(list);
   return found;
 }
 
-void set_socket_interface(RankPlan& plan, const std::string& interface, const Environment& inherited) {
+void set_socket_interface(RankPlan& plan, const std::string& interface,
+                          const Environment& inherited) {
   for (const char* name : {"NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"})
     if (!inherited.contains(name)) plan.extra_env[name] = interface;
 }
@@ -288,7 +303,8 @@ Environment worker_spawn_delta(const RankPlan& plan, const RankSlot& slot, int r
   delta.insert(job_wide.begin(), job_wide.end());
   if (plan.nccl_log_files && !inherited.contains("NCCL_DEBUG_FILE"))
     delta["NCCL_DEBUG_FILE"] = nccl_log_pattern(rank_dir);
-  if (plan.extra_env.contains("MCPRUN_COLLECTIVE_WATCH") && !inherited.contains("TORCH_FR_DUMP_TEMP_FILE"))
+  if (plan.extra_env.contains("MCPRUN_COLLECTIVE_WATCH") &&
+      !inherited.contains("TORCH_FR_DUMP_TEMP_FILE"))
     delta["TORCH_FR_DUMP_TEMP_FILE"] = flight_recorder_prefix(rank_dir.parent_path()).string();
   return delta;
 }
@@ -318,21 +334,23 @@ std::string format_topology(const std::vector<GpuDevice>& discovered, const Topo
   std::ostringstream out;
   out << discovered.size() << " NVIDIA GPU(s) under " << sysfs_root().string() << "\n";
   for (const GpuDevice& gpu : discovered) {
-    out << "  [" << gpu.pci_index << "] " << gpu.bus_id << "  numa " << gpu.numa_node
-        << "  switch " << (gpu.switch_id().empty() ? "-" : gpu.switch_id()) << "  cpus "
+    out << "  [" << gpu.pci_index << "] " << gpu.bus_id << "  numa " << gpu.numa_node << "  switch "
+        << (gpu.switch_id().empty() ? "-" : gpu.switch_id()) << "  cpus "
         << format_cpus(gpu.local_cpus);
-    if (gpu.max_link_width > 0)
-      out << "  link x" << gpu.link_width << "/x" << gpu.max_link_width;
-    out << "  uuid " << (gpu.uuid.empty() ? "- (not in the driver's /proc files)" : gpu.uuid) << "\n";
+    if (gpu.max_link_width > 0) out << "  link x" << gpu.link_width << "/x" << gpu.max_link_width;
+    out << "  uuid " << (gpu.uuid.empty() ? "- (not in the driver's /proc files)" : gpu.uuid)
+        << "\n";
   }
   if (!order.error.empty()) out << "allowed set: " << order.error << "\n";
   out << "rank mapping (NUMA node, then PCIe switch, then bus id):\n";
   if (order.gpus.empty()) out << "  none: workers run unpinned on CPU\n";
   std::string visible;
-  for (const GpuDevice& gpu : order.gpus) visible += (visible.empty() ? "" : ",") + gpu.cuda_visible_name();
+  for (const GpuDevice& gpu : order.gpus)
+    visible += (visible.empty() ? "" : ",") + gpu.cuda_visible_name();
   if (!order.gpus.empty()) out << "  every worker: CUDA_VISIBLE_DEVICES=" << visible << "\n";
   for (size_t rank = 0; rank < order.gpus.size(); ++rank)
-    out << "  local rank " << rank << " -> cuda:" << rank << " = " << order.gpus[rank].bus_id << "\n";
+    out << "  local rank " << rank << " -> cuda:" << rank << " = " << order.gpus[rank].bus_id
+        << "\n";
   return out.str();
 }
 

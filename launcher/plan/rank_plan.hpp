@@ -24,10 +24,10 @@ struct RankSlot {
 struct RankPlan {
   JobIdentity job;
   std::vector<RankSlot> slots;
-  std::vector<std::string> argv;  ///< The worker command line, identical for every rank.
-  bool pinned = false;            ///< Workers get CUDA_VISIBLE_DEVICES.
-  Environment extra_env;          ///< Job-wide additions, such as the socket interface.
-  bool nccl_log_files = false;    ///< --nccl-debug: NCCL writes each rank's log in its folder.
+  std::vector<std::string> argv;      ///< The worker command line, identical for every rank.
+  bool pinned = false;                ///< Workers get CUDA_VISIBLE_DEVICES.
+  Environment extra_env;              ///< Job-wide additions, such as the socket interface.
+  bool nccl_log_files = false;        ///< --nccl-debug: NCCL writes each rank's log in its folder.
   std::optional<TorchVersion> torch;  ///< The workers' torch, where found: what its client opens.
   std::vector<std::string> warnings;
 };
@@ -51,7 +51,8 @@ std::optional<std::string> interface_for_address(const std::string& local_addres
 
 /// Sets NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME to `interface` for every worker, unless the
 /// user set them: NCCL and Gloo otherwise may pick lo or a docker bridge and never connect.
-void set_socket_interface(RankPlan& plan, const std::string& interface, const Environment& inherited);
+void set_socket_interface(RankPlan& plan, const std::string& interface,
+                          const Environment& inherited);
 
 /// Resolves nproc, GPU pinning, CPU binding and the command line. Returns a one-line error for
 /// bad input (missing script, more pinned ranks than GPUs, no GPU for `-n gpu`, ...).

@@ -43,7 +43,8 @@ VenvConfig read_venv_config(const fs::path& config) {
   for (std::string line; std::getline(in, line);) {
     auto entry = key_value(line);
     if (!entry) continue;
-    if (entry->first == "version" || entry->first == "version_info") venv.version = major_minor(entry->second);
+    if (entry->first == "version" || entry->first == "version_info")
+      venv.version = major_minor(entry->second);
     if (entry->first == "include-system-site-packages")
       venv.system_packages = entry->second == "true" || entry->second == "True";
   }
@@ -56,7 +57,8 @@ std::pair<fs::path, std::string> base_install(const fs::path& interpreter) {
   const fs::path real = fs::canonical(interpreter, ec);
   const fs::path resolved = ec ? interpreter : real;
   const std::string name = resolved.filename().string();
-  std::string version = name.starts_with("python") ? major_minor(std::string_view(name).substr(6)) : "";
+  std::string version =
+      name.starts_with("python") ? major_minor(std::string_view(name).substr(6)) : "";
   if (!version.empty() && "python" + version != name) version.clear();  // "python3.11-config".
   return {resolved.parent_path().parent_path(), version};
 }
@@ -129,7 +131,8 @@ std::vector<fs::path> python_package_dirs(const fs::path& interpreter, const Env
   const auto [prefix, version] = base_install(interpreter);
   if (!env.contains("PYTHONNOUSERSITE") && !version.empty())
     if (auto home = env.find("HOME"); home != env.end())
-      dirs.push_back(fs::path(home->second) / ".local/lib" / ("python" + version) / "site-packages");
+      dirs.push_back(fs::path(home->second) / ".local/lib" / ("python" + version) /
+                     "site-packages");
   add_site_packages(prefix, version, "site-packages", dirs);
   // Debian's layout: /usr/local/lib/python3.11/dist-packages, then /usr/lib/python3/dist-packages.
   add_site_packages(prefix / "local", version, "dist-packages", dirs);

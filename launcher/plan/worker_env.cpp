@@ -2,7 +2,6 @@
 
 #include <unistd.h>
 
-
 extern char** environ;
 
 namespace mcprun {
@@ -17,9 +16,10 @@ bool is_per_worker(const std::string& name) {
 }  // namespace
 
 bool owned_by_launcher(const std::string& name) {
-  static const char* const kOwned[] = {
-      "RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE",
-      "WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"};
+  static const char* const kOwned[] = {"RANK",        "LOCAL_RANK",       "GROUP_RANK",
+                                       "ROLE_RANK",   "ROLE_NAME",        "LOCAL_WORLD_SIZE",
+                                       "WORLD_SIZE",  "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE",
+                                       "MASTER_ADDR", "MASTER_PORT"};
   for (const char* owned : kOwned)
     if (name == owned) return true;
   return name.rfind("TORCHELASTIC_", 0) == 0;
@@ -80,7 +80,8 @@ std::vector<std::string> merge_environment(const Environment& inherited, const E
   return entries;
 }
 
-std::vector<std::string> environment_warnings(const JobIdentity& job, const Environment& inherited) {
+std::vector<std::string> environment_warnings(const JobIdentity& job,
+                                              const Environment& inherited) {
   std::vector<std::string> warnings;
   WorkerIdentity first;
   first.rank = job.group_rank * job.local_world_size;
@@ -100,8 +101,9 @@ std::vector<std::string> environment_warnings(const JobIdentity& job, const Envi
                        ": mcprun owns the process group's environment");
   }
   if (!inherited.contains("OMP_NUM_THREADS") && job.local_world_size > 1)
-    warnings.push_back("OMP_NUM_THREADS is set to 1 for each worker to avoid oversubscribing "
-                       "the CPUs; set it yourself to tune it");
+    warnings.push_back(
+        "OMP_NUM_THREADS is set to 1 for each worker to avoid oversubscribing "
+        "the CPUs; set it yourself to tune it");
   return warnings;
 }
 

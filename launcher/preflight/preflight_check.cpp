@@ -1,10 +1,10 @@
 #include "launcher/preflight/preflight_check.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <fstream>
-
-#include <fmt/format.h>
 
 namespace mcprun {
 
@@ -19,7 +19,9 @@ constexpr double kMinRoundS = 2;
 constexpr double kGraceS = 2;
 
 nlohmann::json failed_report(const std::string& verdict) {
-  return {{"ok", false}, {"verdict", verdict}, {"faults", nlohmann::json::array()},
+  return {{"ok", false},
+          {"verdict", verdict},
+          {"faults", nlohmann::json::array()},
           {"text", "mcprun preflight: " + verdict + "\n"}};
 }
 
@@ -55,7 +57,7 @@ nlohmann::json preflight_node(const RankPlan& plan, const std::string& node) {
   for (const RankSlot& slot : plan.slots)
     if (const auto& gpu = slot.identity.gpu)
       gpus[std::to_string(slot.identity.local_rank)] = {
-          {"bus_id", gpu->bus_id}, {"numa_node", gpu->numa_node},
+          {"bus_id", gpu->bus_id},         {"numa_node", gpu->numa_node},
           {"link_width", gpu->link_width}, {"max_link_width", gpu->max_link_width},
           {"link_speed", gpu->link_speed}, {"max_link_speed", gpu->max_link_speed}};
   return {{"node", node}, {"gpus", gpus}};

@@ -5,11 +5,10 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <utility>
-
-#include <nlohmann/json.hpp>
 
 #include "common/sys.hpp"
 #include "launcher/plan/rank_plan.hpp"
@@ -30,11 +29,11 @@ PreflightBudget preflight_budget(double step_s, int world_size);
 
 /// What one pass of the check needs to know, besides the ranks' own environment.
 struct PreflightPass {
-  size_t number = 0;                   ///< 0, then the NCCL retries.
-  std::filesystem::path report_file;   ///< Local rank 0 writes the report here.
-  std::filesystem::path node_file;     ///< This node's facts (preflight_node).
+  size_t number = 0;                          ///< 0, then the NCCL retries.
+  std::filesystem::path report_file;          ///< Local rank 0 writes the report here.
+  std::filesystem::path node_file;            ///< This node's facts (preflight_node).
   std::chrono::steady_clock::time_point end;  ///< The bound's end, on this node's clock.
-  double min_busbw_gbps = 0;           ///< --preflight-min-busbw.
+  double min_busbw_gbps = 0;                  ///< --preflight-min-busbw.
 };
 
 /// The variables the check's ranks get on top of the script's environment.

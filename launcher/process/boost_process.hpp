@@ -5,14 +5,13 @@
 
 // 1.81's v2 names boost::optional, boost::is_constructible and boost::remove_pointer unqualified
 // and gets them only from Boost.Filesystem's headers, which std::filesystem leaves out.
-#include <boost/optional.hpp>
-#include <boost/type_traits/is_constructible.hpp>
-#include <boost/type_traits/remove_pointer.hpp>
-
 #include <boost/asio/io_context.hpp>
+#include <boost/optional.hpp>
 #include <boost/process/v2/posix/default_launcher.hpp>
 #include <boost/process/v2/process.hpp>
 #include <boost/process/v2/stdio.hpp>
+#include <boost/type_traits/is_constructible.hpp>
+#include <boost/type_traits/remove_pointer.hpp>
 
 namespace mcprun {
 

@@ -8,13 +8,12 @@ extern "C" {  // glibc 2.36 declares these without C linkage.
 }
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/asio/connect_pipe.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/readable_pipe.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/writable_pipe.hpp>
-
-#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -35,8 +34,7 @@ bool wait_for_fd(int fd, short events, std::chrono::milliseconds limit) {
 
 Expected<UniqueFd> open_pidfd(pid_t pid) {
   UniqueFd fd(::pidfd_open(pid, 0));
-  if (!fd.valid())
-    return Error{"pidfd_open(" + std::to_string(pid) + "): " + std::strerror(errno)};
+  if (!fd.valid()) return Error{"pidfd_open(" + std::to_string(pid) + "): " + std::strerror(errno)};
   return fd;
 }
 
@@ -99,15 +97,14 @@ Expected<BoundedRun> run_with_deadline(ProcessControl& control, std::vector<std:
   };
   deadline.async_wait([&](boost::system::error_code waited) { on_deadline(on_deadline, waited); });
   // A process exits right after closing its stdout; one that lingers is killed.
-  boost::asio::async_read(output, boost::asio::dynamic_buffer(run.output),
-                          [&](boost::system::error_code, size_t) {
-                            if (run.timed_out || exited) return;
-                            output.close(ec);
-                            deadline.expires_after(exit_timeout);
-                            deadline.async_wait([&](boost::system::error_code waited) {
-                              on_deadline(on_deadline, waited);
-                            });
-                          });
+  boost::asio::async_read(
+      output, boost::asio::dynamic_buffer(run.output), [&](boost::system::error_code, size_t) {
+        if (run.timed_out || exited) return;
+        output.close(ec);
+        deadline.expires_after(exit_timeout);
+        deadline.async_wait(
+            [&](boost::system::error_code waited) { on_deadline(on_deadline, waited); });
+      });
   child->async_wait([&](boost::system::error_code waited, int) {
     exited = true;
     run.exit = exit_of(control, *child, waited);

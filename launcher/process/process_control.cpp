@@ -22,8 +22,8 @@ namespace {
 
 namespace v2 = boost::process::v2;
 using Launcher = v2::posix::default_launcher;
-using v2::error_code;
 using std::filesystem::path;
+using v2::error_code;
 
 /// How a step between fork and exec fails: v2 sends errno to the parent and ends the child.
 error_code last_error() { return {errno, boost::system::system_category()}; }
@@ -43,14 +43,16 @@ struct OwnProcessGroup {
 /// The worker dies with the launcher: PR_SET_PDEATHSIG for itself, the guardian for its group.
 class DiesWithTheLauncher {
  public:
-  explicit DiesWithTheLauncher(int guardian_fd) : launcher_(::getpid()), guardian_fd_(guardian_fd) {}
+  explicit DiesWithTheLauncher(int guardian_fd)
+      : launcher_(::getpid()), guardian_fd_(guardian_fd) {}
   error_code on_exec_setup(Launcher&, const path&, const char* const*) {
     if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) return last_error();
     if (::getppid() != launcher_) _exit(127);  // The launcher died before PDEATHSIG was armed.
     return {};
   }
   void on_success(Launcher& launcher, const path&, const char* const*) {
-    if (guardian_fd_ >= 0) [[maybe_unused]] auto n = ::write(guardian_fd_, &launcher.pid, sizeof(pid_t));
+    if (guardian_fd_ >= 0) [[maybe_unused]]
+      auto n = ::write(guardian_fd_, &launcher.pid, sizeof(pid_t));
   }
 
  private:
@@ -137,8 +139,10 @@ struct FailedStart {
 
 ProcessExit exit_from_wait_status(pid_t pid, int status) {
   ProcessExit exit{pid, 0, 0};
-  if (WIFEXITED(status)) exit.exit_code = WEXITSTATUS(status);
-  else if (WIFSIGNALED(status)) exit.signal = WTERMSIG(status);
+  if (WIFEXITED(status))
+    exit.exit_code = WEXITSTATUS(status);
+  else if (WIFSIGNALED(status))
+    exit.signal = WTERMSIG(status);
   return exit;
 }
 
@@ -148,15 +152,18 @@ ProcessExit exit_from_wait_status(pid_t pid, int status) {
   // Nothing else of the launcher's: a copy of a pipe or socket here would keep it open.
   if (read_fd > 3) ::close_range(3, read_fd - 1, 0);
   ::close_range(read_fd + 1, ~0U, 0);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGPIPE}) ::signal(sig, SIG_IGN);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGPIPE})
+    ::signal(sig, SIG_IGN);
   std::vector<pid_t> groups;
   bool all_clear = false;
   for (pid_t pgid; !all_clear;) {
     ssize_t n = ::read(read_fd, &pgid, sizeof pgid);
     if (n < 0 && errno == EINTR) continue;
     if (n != static_cast<ssize_t>(sizeof pgid)) break;
-    if (pgid == 0) all_clear = true;
-    else groups.push_back(pgid);
+    if (pgid == 0)
+      all_clear = true;
+    else
+      groups.push_back(pgid);
   }
   if (!all_clear)
     for (pid_t pgid : groups) ::kill(-pgid, SIGKILL);

@@ -30,8 +30,8 @@ struct SpawnRequest {
 /// How a reaped process ended.
 struct ProcessExit {
   pid_t pid = 0;
-  int exit_code = 0;    ///< Valid when signal == 0.
-  int signal = 0;       ///< Signal that killed it, or 0.
+  int exit_code = 0;  ///< Valid when signal == 0.
+  int signal = 0;     ///< Signal that killed it, or 0.
   bool succeeded() const { return signal == 0 && exit_code == 0; }
 };
 

@@ -1,7 +1,6 @@
 #include "launcher/rendezvous/node_join.hpp"
 
 #include <boost/asio/ip/address.hpp>
-
 #include <filesystem>
 
 #include "common/endpoint.hpp"
@@ -27,8 +26,10 @@ nlohmann::json gpu_topology(const RankPlan& plan) {
   nlohmann::json gpus = nlohmann::json::array();
   for (const RankSlot& slot : plan.slots)
     if (const auto& gpu = slot.identity.gpu)
-      gpus.push_back({{"local_rank", slot.identity.local_rank}, {"bus_id", gpu->bus_id},
-                      {"numa_node", gpu->numa_node}, {"switch", gpu->switch_id()},
+      gpus.push_back({{"local_rank", slot.identity.local_rank},
+                      {"bus_id", gpu->bus_id},
+                      {"numa_node", gpu->numa_node},
+                      {"switch", gpu->switch_id()},
                       {"uuid", gpu->uuid}});
   return gpus;
 }
@@ -37,10 +38,12 @@ nlohmann::json gpu_topology(const RankPlan& plan) {
 /// the service's socket when it exists.
 std::optional<std::string> lease_endpoint(const Environment& inherited) {
   std::string endpoint = kDefaultDaemonEndpoint;
-  if (auto chosen = inherited.find("MCPRUN_DAEMON"); chosen != inherited.end()) endpoint = chosen->second;
+  if (auto chosen = inherited.find("MCPRUN_DAEMON"); chosen != inherited.end())
+    endpoint = chosen->second;
   auto parsed = parse_endpoint(endpoint, kConnectRules);
   if (!parsed || !parsed->is_unix()) {
-    if (!endpoint.empty()) spdlog::warn("MCPRUN_DAEMON={}: GPU leases need unix:PATH; not leasing", endpoint);
+    if (!endpoint.empty())
+      spdlog::warn("MCPRUN_DAEMON={}: GPU leases need unix:PATH; not leasing", endpoint);
     return std::nullopt;
   }
   std::error_code ec;
@@ -81,7 +84,9 @@ std::unique_ptr<RendezvousServer> host_embedded_rendezvous(boost::asio::io_conte
   const int port = endpoint->port;
   try {
     auto server = std::make_unique<RendezvousServer>(
-        io, boost::asio::ip::tcp::endpoint(boost::asio::ip::tcp::v4(), static_cast<unsigned short>(port)),
+        io,
+        boost::asio::ip::tcp::endpoint(boost::asio::ip::tcp::v4(),
+                                       static_cast<unsigned short>(port)),
         ServerSettings{});
     spdlog::info("hosting the rendezvous for job '{}' on port {}", config.rdzv_id, port);
     return server;
@@ -107,7 +112,8 @@ Expected<nlohmann::json> join_message(const LaunchConfig& config, const RankPlan
                          {"last_call_timeout_s", config.last_call_timeout}};
   if (!config.rdzv_token_file.empty()) {
     auto token = read_token_file(config.rdzv_token_file);
-    if (!token) return Error{"--rdzv-token-file " + config.rdzv_token_file + ": cannot read a token"};
+    if (!token)
+      return Error{"--rdzv-token-file " + config.rdzv_token_file + ": cannot read a token"};
     join["token"] = *token;
   }
   return join;

@@ -4,9 +4,8 @@
 #pragma once
 
 #include <boost/asio/io_context.hpp>
-#include <nlohmann/json.hpp>
-
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "common/expected.hpp"

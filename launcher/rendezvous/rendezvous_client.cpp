@@ -1,8 +1,8 @@
 #include "launcher/rendezvous/rendezvous_client.hpp"
 
-#include <boost/asio/post.hpp>
 #include <unistd.h>
 
+#include <boost/asio/post.hpp>
 #include <cstdio>
 #include <optional>
 #include <utility>
@@ -68,14 +68,16 @@ Expected<void> RendezvousClient::connect() {
                  " (is rendezvousd running there?)"};
   local_address_ = dialled->local_address;
   if (connection_) connection_->detach();
-  connection_ = std::make_shared<Connection>(std::move(dialled->socket), "the rendezvous at " + endpoint_, *this);
+  connection_ = std::make_shared<Connection>(std::move(dialled->socket),
+                                             "the rendezvous at " + endpoint_, *this);
   connection_->start(std::chrono::milliseconds::zero());  // The join and lease waits bound it.
   return {};
 }
 
 Expected<Assignment> RendezvousClient::join(nlohmann::json join, std::chrono::milliseconds limit) {
   if (auto connected = connect(); !connected) return connected.error();
-  if (!join.contains("addr") || join["addr"].get<std::string>().empty()) join["addr"] = local_address();
+  if (!join.contains("addr") || join["addr"].get<std::string>().empty())
+    join["addr"] = local_address();
   const bool show_progress = ::isatty(STDERR_FILENO);  // A CI log gets no redraws.
   join["type"] = "join";
   join["progress"] = show_progress;
@@ -94,10 +96,11 @@ Expected<Assignment> RendezvousClient::join(nlohmann::json join, std::chrono::mi
       const int min = progress.min_nodes, max = progress.max_nodes;
       std::string names;
       for (const auto& name : progress.names) names += (names.empty() ? "" : ", ") + name;
-      std::fprintf(stderr, "\rmcprun: %d/%s nodes joined: %s; waiting %.0f s more\x1b[K",
-                   progress.joined,
-                   (min == max ? std::to_string(max) : std::to_string(min) + ".." + std::to_string(max)).c_str(),
-                   names.c_str(), progress.remaining_s);
+      std::fprintf(
+          stderr, "\rmcprun: %d/%s nodes joined: %s; waiting %.0f s more\x1b[K", progress.joined,
+          (min == max ? std::to_string(max) : std::to_string(min) + ".." + std::to_string(max))
+              .c_str(),
+          names.c_str(), progress.remaining_s);
       progress_shown = true;
     } else if (!reply) {
       reply = message;
@@ -106,7 +109,8 @@ Expected<Assignment> RendezvousClient::join(nlohmann::json join, std::chrono::mi
     }
   };
   send(join);
-  const bool answered = run_until(io_, [&] { return reply.has_value() || closed_; }, limit);
+  const bool answered = run_until(
+      io_, [&] { return reply.has_value() || closed_; }, limit);
   on_message_ = nullptr;  // It refers to this frame's locals.
   if (progress_shown) std::fputc('\n', stderr);
   if (!answered)
@@ -124,13 +128,14 @@ Expected<Assignment> RendezvousClient::join(nlohmann::json join, std::chrono::mi
   auto parsed = parse_assignment(*reply);
   if (!parsed) return Error{"rendezvous: malformed " + parsed.error().message};
   const AssignmentMessage& assignment = *parsed;
-  assignment_ = Assignment{assignment.group_rank, assignment.group_world_size, assignment.world_size,
-                           assignment.rank_offset, assignment.master_addr, assignment.master_port};
+  assignment_ =
+      Assignment{assignment.group_rank,  assignment.group_world_size, assignment.world_size,
+                 assignment.rank_offset, assignment.master_addr,      assignment.master_port};
   return *assignment_;
 }
 
 Expected<GrantedLease> RendezvousClient::lease(nlohmann::json request,
-                                              std::chrono::milliseconds limit) {
+                                               std::chrono::milliseconds limit) {
   if (auto connected = connect(); !connected) return connected.error();
   request["type"] = "lease";
   std::optional<nlohmann::json> reply;
@@ -145,7 +150,8 @@ Expected<GrantedLease> RendezvousClient::lease(nlohmann::json request,
                  queued->message);
   };
   send(request);
-  const bool answered = run_until(io_, [&] { return reply.has_value() || closed_; }, limit);
+  const bool answered = run_until(
+      io_, [&] { return reply.has_value() || closed_; }, limit);
   on_message_ = nullptr;  // It refers to this frame's locals.
   if (!answered)
     return Error{"rendezvousd at " + endpoint_ + " did not answer the lease request within " +
@@ -237,7 +243,9 @@ void RendezvousClient::report_failure(const std::string& reason, int exit_code) 
 }
 
 void RendezvousClient::await_failure_noted(std::chrono::milliseconds limit) {
-  if (failure_reported_) run_until(io_, [&] { return failure_noted_ || closed_; }, limit);
+  if (failure_reported_)
+    run_until(
+        io_, [&] { return failure_noted_ || closed_; }, limit);
 }
 
 void RendezvousClient::report_done() {
@@ -255,8 +263,9 @@ void RendezvousClient::send(const nlohmann::json& message) {
 void RendezvousClient::hold(std::string frame) {
   const size_t limit = kUnmeteredLimits.max_queued_bytes;
   if (held_bytes_ + frame.size() > limit) {
-    spdlog::error("the rendezvous at {} is unreachable and {} bytes wait for it; dropping a message",
-                  endpoint_, held_bytes_);
+    spdlog::error(
+        "the rendezvous at {} is unreachable and {} bytes wait for it; dropping a message",
+        endpoint_, held_bytes_);
     return;
   }
   held_bytes_ += frame.size();
@@ -264,8 +273,9 @@ void RendezvousClient::hold(std::string frame) {
 }
 
 void RendezvousClient::flush(std::chrono::milliseconds limit) {
-  run_until(io_, [this] { return closed_ || (!reconnecting_ && connection_ && !connection_->writing()); },
-            limit);
+  run_until(
+      io_, [this] { return closed_ || (!reconnecting_ && connection_ && !connection_->writing()); },
+      limit);
 }
 
 void RendezvousClient::connection_lost() {
@@ -277,8 +287,10 @@ void RendezvousClient::connection_lost() {
     if (on_message_) on_message_({{"type", "lost"}, {"node", "the rendezvous at " + endpoint_}});
     return;
   }
-  spdlog::warn("lost the rendezvous at {}; the workers keep running while this node reconnects "
-               "(up to {} s)", endpoint_, kReconnectTimeout.count());
+  spdlog::warn(
+      "lost the rendezvous at {}; the workers keep running while this node reconnects "
+      "(up to {} s)",
+      endpoint_, kReconnectTimeout.count());
   reconnecting_ = true;
   heartbeating_ = false;
   heartbeat_timer_.cancel();
@@ -292,8 +304,10 @@ void RendezvousClient::try_reconnect(std::chrono::milliseconds backoff) {
   reconnect_timer_.async_wait([this, backoff, alive = alive_](boost::system::error_code ec) {
     if (!*alive || ec) return;
     if (!connect()) {
-      if (Clock::now() < reconnect_deadline_) return try_reconnect(std::min(backoff * 2, kReconnectBackoffMax));
-      spdlog::error("the rendezvous at {} stayed unreachable for {} s", endpoint_, kReconnectTimeout.count());
+      if (Clock::now() < reconnect_deadline_)
+        return try_reconnect(std::min(backoff * 2, kReconnectBackoffMax));
+      spdlog::error("the rendezvous at {} stayed unreachable for {} s", endpoint_,
+                    kReconnectTimeout.count());
       reconnecting_ = false;
       closed_ = true;
       held_.clear();
@@ -314,7 +328,8 @@ void RendezvousClient::try_reconnect(std::chrono::milliseconds backoff) {
       spdlog::info("reconnected to the rendezvous at {}; re-registering node rank {}", endpoint_,
                    assignment_->group_rank);
     } else {
-      spdlog::info("reconnected to rendezvousd at {}; re-registering this job's GPU lease", endpoint_);
+      spdlog::info("reconnected to rendezvousd at {}; re-registering this job's GPU lease",
+                   endpoint_);
     }
     reconnecting_ = false;
     connection_->send(rejoin);
@@ -336,7 +351,8 @@ void RendezvousClient::take_pace(const nlohmann::json& message) {
   if (!pace) return ignore_malformed(pace.error().message);
   heartbeat_interval_ = std::chrono::milliseconds(pace->heartbeat_interval_ms);
   // A faster pace starts now: a beat armed at the old one could come after the daemon gives up.
-  if (heartbeating_ && heartbeat_timer_.expiry() > Clock::now() + heartbeat_interval_) arm_heartbeat();
+  if (heartbeating_ && heartbeat_timer_.expiry() > Clock::now() + heartbeat_interval_)
+    arm_heartbeat();
 }
 
 void RendezvousClient::beat() {

@@ -4,12 +4,11 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
-#include <nlohmann/json.hpp>
-
 #include <chrono>
 #include <deque>
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -45,18 +44,18 @@ struct GrantedLease {
 
 /// What another node told us: stop the group.
 struct PeerStop {
-  std::string reason;  ///< "node b: rank 3 exited with exit code 7", "node c lost", ...
-  int exit_code = 0;   ///< The exit code this node should end with.
+  std::string reason;              ///< "node b: rank 3 exited with exit code 7", "node c lost", ...
+  int exit_code = 0;               ///< The exit code this node should end with.
   bool membership_change = false;  ///< A node joins: re-form without spending a restart.
 };
 
 /// What the other nodes say while the workers run; each handler is optional.
 struct PeerEvents {
-  std::function<void(const PeerStop&)> on_stop;              ///< At most once.
-  std::function<void(const nlohmann::json&)> on_stall;       ///< A StallNotice, at most once.
+  std::function<void(const PeerStop&)> on_stop;                ///< At most once.
+  std::function<void(const nlohmann::json&)> on_stall;         ///< A StallNotice, at most once.
   std::function<void(const nlohmann::json&)> on_stall_report;  ///< {node, ranks[RankProgress]}.
-  std::function<void(const std::string&)> on_barrier_done;   ///< Every rank reached it.
-  std::function<void(const std::string&)> on_straggler;      ///< The store host's line, as sent.
+  std::function<void(const std::string&)> on_barrier_done;     ///< Every rank reached it.
+  std::function<void(const std::string&)> on_straggler;        ///< The store host's line, as sent.
 };
 
 /// One connection to rendezvousd (or the embedded server): "HOST:PORT", or "unix:PATH" for an

@@ -29,12 +29,18 @@ constexpr size_t kLagSmoothing = 8;
 std::string escaped(std::string_view text) {
   std::string out;
   for (char c : text) {
-    if (c == '&') out += "&amp;";
-    else if (c == '<') out += "&lt;";
-    else if (c == '>') out += "&gt;";
-    else if (c == '"') out += "&quot;";
-    else if (static_cast<unsigned char>(c) < 0x20) out += ' ';
-    else out += c;
+    if (c == '&')
+      out += "&amp;";
+    else if (c == '<')
+      out += "&lt;";
+    else if (c == '>')
+      out += "&gt;";
+    else if (c == '"')
+      out += "&quot;";
+    else if (static_cast<unsigned char>(c) < 0x20)
+      out += ' ';
+    else
+      out += c;
   }
   return out;
 }
@@ -65,10 +71,12 @@ std::map<int, double> waits_charged(const std::deque<SeenCollective>& recent) {
   std::map<int, double> charged;
   for (const SeenCollective& collective : recent) {
     if (collective.arrivals.size() < 2) continue;
-    const auto latest = std::max_element(collective.arrivals.begin(), collective.arrivals.end(),
-                                         [](const auto& a, const auto& b) { return a.second < b.second; });
+    const auto latest =
+        std::max_element(collective.arrivals.begin(), collective.arrivals.end(),
+                         [](const auto& a, const auto& b) { return a.second < b.second; });
     double waited_ns = 0;
-    for (const auto& [rank, created] : collective.arrivals) waited_ns += static_cast<double>(latest->second - created);
+    for (const auto& [rank, created] : collective.arrivals)
+      waited_ns += static_cast<double>(latest->second - created);
     charged[latest->first] += waited_ns / static_cast<double>(collective.arrivals.size() - 1) / 1e9;
   }
   return charged;
@@ -78,8 +86,9 @@ std::map<int, double> waits_charged(const std::deque<SeenCollective>& recent) {
 std::string main_group(const std::deque<SeenCollective>& recent) {
   std::map<std::string, int> counts;
   for (const SeenCollective& collective : recent) ++counts[collective.group];
-  const auto most = std::max_element(counts.begin(), counts.end(),
-                                     [](const auto& a, const auto& b) { return a.second < b.second; });
+  const auto most =
+      std::max_element(counts.begin(), counts.end(),
+                       [](const auto& a, const auto& b) { return a.second < b.second; });
   return most == counts.end() ? std::string() : most->first;
 }
 
@@ -100,11 +109,14 @@ void chart(std::string& out, const char* name, int width, double max_value, cons
   const int height = 10 + kChartHeight + 30;
   const int bottom = 10 + kChartHeight;
   const double top_value = max_value > 0 ? max_value : 1;
-  put(out, "<svg class=\"{0}\" xmlns=\"http://www.w3.org/2000/svg\" width=\"{1}\" height=\"{2}\" "
-      "viewBox=\"0 0 {1} {2}\">\n", name, width, height);
+  put(out,
+      "<svg class=\"{0}\" xmlns=\"http://www.w3.org/2000/svg\" width=\"{1}\" height=\"{2}\" "
+      "viewBox=\"0 0 {1} {2}\">\n",
+      name, width, height);
   put(out, "<text class=\"label\" x=\"{}\" y=\"{}\" text-anchor=\"end\">{:.0f} {}</text>\n",
       kLabelWidth - 6, 20, top_value, unit);
-  put(out, "<text class=\"label\" x=\"{}\" y=\"{}\" text-anchor=\"end\">0</text>\n", kLabelWidth - 6, bottom);
+  put(out, "<text class=\"label\" x=\"{}\" y=\"{}\" text-anchor=\"end\">0</text>\n",
+      kLabelWidth - 6, bottom);
   time_axis(out, bottom, ticks);
   draw(out, [&](double value) { return bottom - value / top_value * kChartHeight; });
   put(out, "</svg>\n");
@@ -116,8 +128,8 @@ void time_axis(std::string& out, int y, const std::vector<std::string>& ticks) {
     const double x = kLabelWidth + kPlotWidth * static_cast<double>(tick) / kTicks;
     put(out, "<line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\" stroke=\"#cfd8dc\"/>\n", x,
         y - kChartHeight, y);
-    put(out, "<text class=\"label\" x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n", x, y + 16,
-        ticks[tick]);
+    put(out, "<text class=\"label\" x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n", x,
+        y + 16, ticks[tick]);
   }
 }
 
@@ -135,7 +147,10 @@ std::string render_collective_picture(const std::deque<SeenCollective>& recent,
     }
   const double span_s = recent.empty() ? 0 : static_cast<double>(last - first) / 1e9;
   auto x_of = [&](int64_t ns) {
-    return kLabelWidth + (last > first ? static_cast<double>(ns - first) / static_cast<double>(last - first) : 0.5) * kPlotWidth;
+    return kLabelWidth + (last > first
+                              ? static_cast<double>(ns - first) / static_cast<double>(last - first)
+                              : 0.5) *
+                             kPlotWidth;
   };
   std::map<int, size_t> row_of;
   for (size_t i = 0; i < rows.size(); ++i) row_of[rows[i]] = i;
@@ -143,12 +158,16 @@ std::string render_collective_picture(const std::deque<SeenCollective>& recent,
   const int width = kLabelWidth + kPlotWidth + 20;
 
   std::string out;
-  put(out, "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"/>"
+  put(out,
+      "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"/>"
       "<title>mcprun: {}</title><style>body{{font-family:sans-serif;margin:16px}}"
-      "p{{max-width:1200px}} .label{{font-size:12px}}</style></head><body>\n", escaped(marks.title));
+      "p{{max-width:1200px}} .label{{font-size:12px}}</style></head><body>\n",
+      escaped(marks.title));
   put(out, "<h1>mcprun: {}</h1>\n<p>{}</p>\n", escaped(marks.title), escaped(marks.note));
-  put(out, "<p>The last {} collectives every member arrived at, over {:.2f} s, on the clock of the node "
-      "that serves the job store.</p>\n", recent.size(), span_s);
+  put(out,
+      "<p>The last {} collectives every member arrived at, over {:.2f} s, on the clock of the node "
+      "that serves the job store.</p>\n",
+      recent.size(), span_s);
   const int chart_width = kLabelWidth + kPlotWidth + 20;
 
   // Who: the time the others waited for each rank.
@@ -158,20 +177,27 @@ std::string render_collective_picture(const std::deque<SeenCollective>& recent,
     most_s = std::max(most_s, seconds);
     total_s += seconds;
   }
-  put(out, "<h2>Who the others waited for</h2>\n<p>At each collective the others' mean wait for its "
-      "last arrival is charged to that rank: {:.2f} s in all.</p>\n", total_s);
+  put(out,
+      "<h2>Who the others waited for</h2>\n<p>At each collective the others' mean wait for its "
+      "last arrival is charged to that rank: {:.2f} s in all.</p>\n",
+      total_s);
   const int bars_height = static_cast<int>(rows.size()) * kRowHeight + 10;
-  put(out, "<svg class=\"waits\" xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" "
-      "viewBox=\"0 0 {0} {1}\">\n", chart_width, bars_height);
+  put(out,
+      "<svg class=\"waits\" xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" "
+      "viewBox=\"0 0 {0} {1}\">\n",
+      chart_width, bars_height);
   for (size_t i = 0; i < rows.size(); ++i) {
     const int rank = rows[i];
     const int y = static_cast<int>(i) * kRowHeight;
     const auto it = charged.find(rank);
     const double seconds = it == charged.end() ? 0 : it->second;
     const double length = most_s > 0 ? seconds / most_s * (kPlotWidth - 160) : 0;
-    put(out, "<text class=\"label\" x=\"6\" y=\"{}\">{}</text>\n", y + 15, escaped(row_label(rank, ranks)));
-    put(out, "<rect class=\"wait\" data-rank=\"{}\" x=\"{}\" y=\"{}\" width=\"{:.1f}\" height=\"{}\" "
-        "fill=\"{}\"/>\n", rank, kLabelWidth, y + 4, length, kRowHeight - 8,
+    put(out, "<text class=\"label\" x=\"6\" y=\"{}\">{}</text>\n", y + 15,
+        escaped(row_label(rank, ranks)));
+    put(out,
+        "<rect class=\"wait\" data-rank=\"{}\" x=\"{}\" y=\"{}\" width=\"{:.1f}\" height=\"{}\" "
+        "fill=\"{}\"/>\n",
+        rank, kLabelWidth, y + 4, length, kRowHeight - 8,
         marks.straggler == rank ? "#d32f2f" : "#90a4ae");
     put(out, "<text class=\"label\" x=\"{:.1f}\" y=\"{}\">{:.2f} s ({:.0f}%)</text>\n",
         kLabelWidth + length + 6, y + 15, seconds, total_s > 0 ? 100 * seconds / total_s : 0);
@@ -187,11 +213,13 @@ std::string render_collective_picture(const std::deque<SeenCollective>& recent,
     earliest_of.push_back(collective.arrivals.empty() ? first : earliest);
   }
   auto column_x = [&](size_t index) {
-    return kLabelWidth + (static_cast<double>(index) + 0.5) / static_cast<double>(std::max<size_t>(recent.size(), 1)) * kPlotWidth;
+    return kLabelWidth + (static_cast<double>(index) + 0.5) /
+                             static_cast<double>(std::max<size_t>(recent.size(), 1)) * kPlotWidth;
   };
   std::vector<std::string> ticks;  // Each quarter's collective, by when it began.
   for (int tick = 0; tick <= kTicks && !recent.empty(); ++tick) {
-    const auto index = static_cast<size_t>(std::lround(static_cast<double>(recent.size() - 1) * tick / kTicks));
+    const auto index =
+        static_cast<size_t>(std::lround(static_cast<double>(recent.size() - 1) * tick / kTicks));
     ticks.push_back(fmt::format("{:.1f} s", static_cast<double>(earliest_of[index] - first) / 1e9));
   }
 
@@ -212,29 +240,35 @@ std::string render_collective_picture(const std::deque<SeenCollective>& recent,
       lags[rank].emplace_back(column_x(index), mean_ms);
     }
   }
-  put(out, "<h2>Each rank's lag</h2>\n<p>How long after each collective's first arrival each rank "
-      "arrived, as its mean over {} collectives{}.</p>\n", kLagSmoothing,
-      marks.straggler ? fmt::format("; rank {} in red", *marks.straggler) : "");
+  put(out,
+      "<h2>Each rank's lag</h2>\n<p>How long after each collective's first arrival each rank "
+      "arrived, as its mean over {} collectives{}.</p>\n",
+      kLagSmoothing, marks.straggler ? fmt::format("; rank {} in red", *marks.straggler) : "");
   chart(out, "lags", chart_width, lag_max_ms, "ms", ticks, [&](std::string& svg, auto y_of) {
     for (const auto& [rank, points] : lags) {
       std::string polyline;
-      for (const auto& [x, lag_ms] : points) polyline += fmt::format("{:.1f},{:.1f} ", x, y_of(lag_ms));
+      for (const auto& [x, lag_ms] : points)
+        polyline += fmt::format("{:.1f},{:.1f} ", x, y_of(lag_ms));
       const bool straggler = marks.straggler == rank;
-      put(svg, "<polyline class=\"lag\" data-rank=\"{}\" points=\"{}\" fill=\"none\" stroke=\"{}\" "
-          "stroke-width=\"{}\"/>\n", rank, polyline, straggler ? "#d32f2f" : "#90a4ae", straggler ? 2 : 1);
+      put(svg,
+          "<polyline class=\"lag\" data-rank=\"{}\" points=\"{}\" fill=\"none\" stroke=\"{}\" "
+          "stroke-width=\"{}\"/>\n",
+          rank, polyline, straggler ? "#d32f2f" : "#90a4ae", straggler ? 2 : 1);
     }
   });
 
   // Since when: the pace of the main group's collectives, with those the straggler held back.
   const std::string group = main_group(recent);
-  std::vector<std::tuple<double, double, bool>> pace;  // (x, ms since the previous, straggler last).
+  std::vector<std::tuple<double, double, bool>>
+      pace;  // (x, ms since the previous, straggler last).
   double pace_max_ms = 0;
   std::optional<std::pair<int64_t, int64_t>> previous;  // Its sequence number and last arrival.
   for (size_t index = 0; index < recent.size(); ++index) {
     const SeenCollective& collective = recent[index];
     if (collective.group != group || collective.arrivals.empty()) continue;
-    const auto latest = std::max_element(collective.arrivals.begin(), collective.arrivals.end(),
-                                         [](const auto& a, const auto& b) { return a.second < b.second; });
+    const auto latest =
+        std::max_element(collective.arrivals.begin(), collective.arrivals.end(),
+                         [](const auto& a, const auto& b) { return a.second < b.second; });
     // Between consecutive ones only: a block's first follows a gap the reporters left.
     if (previous && previous->first + 1 == collective.seq) {
       const double gap_ms = static_cast<double>(latest->second - previous->second) / 1e6;
@@ -243,25 +277,33 @@ std::string render_collective_picture(const std::deque<SeenCollective>& recent,
     }
     previous.emplace(collective.seq, latest->second);
   }
-  put(out, "<h2>The pace</h2>\n<p>Group {}: the time from one collective's last arrival to the "
-      "next's; red where {} arrived last.</p>\n", escaped(group),
+  put(out,
+      "<h2>The pace</h2>\n<p>Group {}: the time from one collective's last arrival to the "
+      "next's; red where {} arrived last.</p>\n",
+      escaped(group),
       marks.straggler ? fmt::format("rank {}", *marks.straggler) : std::string("the straggler"));
   chart(out, "pace", chart_width, pace_max_ms, "ms", ticks, [&](std::string& svg, auto y_of) {
     for (const auto& [x, gap_ms, held_back] : pace)
       put(svg, "<circle class=\"{}\" cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"{}\" fill=\"{}\"/>\n",
-          held_back ? "held" : "collective", x, y_of(gap_ms), held_back ? 3 : 2, held_back ? "#d32f2f" : "#607d8b");
+          held_back ? "held" : "collective", x, y_of(gap_ms), held_back ? 3 : 2,
+          held_back ? "#d32f2f" : "#607d8b");
   });
 
-  put(out, "<h2>Every arrival</h2>\n<p>One row per rank; a mark at each arrival; the last arrival "
+  put(out,
+      "<h2>Every arrival</h2>\n<p>One row per rank; a mark at each arrival; the last arrival "
       "of each collective in red.</p>\n");
-  put(out, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" viewBox=\"0 0 {} {}\">\n",
+  put(out,
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" viewBox=\"0 0 {} "
+      "{}\">\n",
       width, height, width, height);
   for (size_t i = 0; i < rows.size(); ++i) {
     const int rank = rows[i];
     const int y = kTop + static_cast<int>(i) * kRowHeight;
     const bool straggler = marks.straggler == rank, missing = marks.missing.contains(rank);
     const char* fill = straggler ? "#ffe0b2" : missing ? "#ffcdd2" : i % 2 ? "#f5f5f5" : "#ffffff";
-    put(out, "<rect class=\"row\" data-rank=\"{}\" x=\"0\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"{}\"/>\n",
+    put(out,
+        "<rect class=\"row\" data-rank=\"{}\" x=\"0\" y=\"{}\" width=\"{}\" height=\"{}\" "
+        "fill=\"{}\"/>\n",
         rank, y, width, kRowHeight, fill);
     std::string label = row_label(rank, ranks);
     if (straggler) label += ": straggler";
@@ -269,21 +311,24 @@ std::string render_collective_picture(const std::deque<SeenCollective>& recent,
     put(out, "<text class=\"label\" x=\"6\" y=\"{}\">{}</text>\n", y + 15, escaped(label));
   }
   for (const SeenCollective& collective : recent) {
-    const auto latest = std::max_element(collective.arrivals.begin(), collective.arrivals.end(),
-                                         [](const auto& a, const auto& b) { return a.second < b.second; });
+    const auto latest =
+        std::max_element(collective.arrivals.begin(), collective.arrivals.end(),
+                         [](const auto& a, const auto& b) { return a.second < b.second; });
     for (auto it = collective.arrivals.begin(); it != collective.arrivals.end(); ++it) {
       auto row = row_of.find(it->first);
       if (row == row_of.end()) continue;
       const bool is_last = it == latest;
       put(out, "<rect class=\"{}\" x=\"{:.1f}\" y=\"{}\" width=\"2\" height=\"{}\" fill=\"{}\"/>\n",
-          is_last ? "last" : "arrival", x_of(it->second), kTop + static_cast<int>(row->second) * kRowHeight + 4,
-          kRowHeight - 8, is_last ? "#d32f2f" : "#607d8b");
+          is_last ? "last" : "arrival", x_of(it->second),
+          kTop + static_cast<int>(row->second) * kRowHeight + 4, kRowHeight - 8,
+          is_last ? "#d32f2f" : "#607d8b");
     }
   }
   const int axis_y = kTop + static_cast<int>(rows.size()) * kRowHeight;
   for (int tick = 0; tick <= kTicks; ++tick)
     put(out, "<text class=\"label\" x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">{:.1f} s</text>\n",
-        kLabelWidth + kPlotWidth * tick / static_cast<double>(kTicks), axis_y + 16, span_s * tick / kTicks);
+        kLabelWidth + kPlotWidth * tick / static_cast<double>(kTicks), axis_y + 16,
+        span_s * tick / kTicks);
   put(out, "</svg>\n</body></html>\n");
   return out;
 }

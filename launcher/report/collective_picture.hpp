@@ -15,10 +15,10 @@ namespace mcprun {
 
 /// At most kMaxPictureRows rows: the straggler's and the missing ranks' first, then the lowest.
 struct PictureMarks {
-  std::string title;               ///< Why it was drawn: "straggler named", "stall", "end of the job".
-  std::optional<int> straggler;    ///< Its row is marked.
-  std::set<int> missing;           ///< A stalled collective's missing ranks: their rows are marked.
-  std::string note;                ///< One line under the title (the straggler or stall line).
+  std::string title;  ///< Why it was drawn: "straggler named", "stall", "end of the job".
+  std::optional<int> straggler;  ///< Its row is marked.
+  std::set<int> missing;         ///< A stalled collective's missing ranks: their rows are marked.
+  std::string note;              ///< One line under the title (the straggler or stall line).
 };
 
 std::string render_collective_picture(const std::deque<SeenCollective>& recent,

@@ -49,7 +49,8 @@ std::string render_node_metrics(const NodeMetrics& metrics) {
   auto per_rank = [&](std::string_view name, std::string_view type, std::string_view help,
                       auto value_of) {
     out.family(name, type, help);
-    for (const auto& [rank, counts] : metrics.arrivals) out.sample(name, labels[rank], value_of(counts));
+    for (const auto& [rank, counts] : metrics.arrivals)
+      out.sample(name, labels[rank], value_of(counts));
   };
   per_rank("mcprun_rank_collectives_total", "counter",
            "Collectives the rank took part in, every member's arrival seen (torch 2.x, on the "
@@ -73,25 +74,28 @@ std::string render_node_metrics(const NodeMetrics& metrics) {
   out.family("mcprun_straggler", "gauge", "1 for the rank named a straggler now.");
   if (metrics.straggler) out.sample("mcprun_straggler", straggler_labels, 1);
   out.family("mcprun_straggler_cost_ratio", "gauge",
-         "Of the straggler window, the share the others spent waiting for the rank named now.");
+             "Of the straggler window, the share the others spent waiting for the rank named now.");
   if (metrics.straggler)
-    out.sample("mcprun_straggler_cost_ratio", straggler_labels, std::round(metrics.straggler_cost_share * 1000) / 1000);
+    out.sample("mcprun_straggler_cost_ratio", straggler_labels,
+               std::round(metrics.straggler_cost_share * 1000) / 1000);
   out.family("mcprun_stragglers_named_total", "counter", "Stragglers named in this attempt.");
   out.sample("mcprun_stragglers_named_total", "", metrics.stragglers_named);
-  out.family("mcprun_collective_bus_bandwidth_bytes_per_second", "gauge",
-         "Bus bandwidth (nccl-tests' busbw) of the collectives of a group, op and size over the "
-         "straggler window, from their completions (torch 2.x, on the store's node).");
+  out.family(
+      "mcprun_collective_bus_bandwidth_bytes_per_second", "gauge",
+      "Bus bandwidth (nccl-tests' busbw) of the collectives of a group, op and size over the "
+      "straggler window, from their completions (torch 2.x, on the store's node).");
   for (const BandwidthFigure& figure : metrics.bandwidth)
     out.sample("mcprun_collective_bus_bandwidth_bytes_per_second",
-           label_set({{"group", figure.group}, {"op", figure.op}, {"size", figure.size}}),
-           std::round(figure.busbw));
+               label_set({{"group", figure.group}, {"op", figure.op}, {"size", figure.size}}),
+               std::round(figure.busbw));
   out.family("mcprun_collectives_timed_total", "counter",
-         "Collectives of a group, op and size whose time the bandwidth figure counts.");
+             "Collectives of a group, op and size whose time the bandwidth figure counts.");
   for (const BandwidthFigure& figure : metrics.bandwidth)
     out.sample("mcprun_collectives_timed_total",
-           label_set({{"group", figure.group}, {"op", figure.op}, {"size", figure.size}}),
-           figure.collectives);
-  out.family("mcprun_slow_collectives_named_total", "counter", "Slow collectives named in this attempt.");
+               label_set({{"group", figure.group}, {"op", figure.op}, {"size", figure.size}}),
+               figure.collectives);
+  out.family("mcprun_slow_collectives_named_total", "counter",
+             "Slow collectives named in this attempt.");
   out.sample("mcprun_slow_collectives_named_total", "", metrics.slow_collectives_named);
   out.family("process_resident_memory_bytes", "gauge", "Resident memory size in bytes.");
   out.sample("process_resident_memory_bytes", "", metrics.resident_bytes);

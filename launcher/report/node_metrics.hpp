@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "launcher/watch/straggler_watch.hpp"
 #include "launcher/supervise/worker_group.hpp"
+#include "launcher/watch/straggler_watch.hpp"
 
 namespace mcprun {
 
@@ -19,9 +19,9 @@ struct NodeMetrics {
   int restarts = 0;
   /// Empty but on the store's node, or before the first collectives complete (torch 2.x only).
   std::map<int, RankArrivals> arrivals;
-  std::optional<int> straggler;  ///< The rank named a straggler now.
+  std::optional<int> straggler;     ///< The rank named a straggler now.
   double straggler_cost_share = 0;  ///< Of the window, the others' time spent waiting for it.
-  size_t stragglers_named = 0;   ///< Named in this attempt.
+  size_t stragglers_named = 0;      ///< Named in this attempt.
   std::vector<BandwidthFigure> bandwidth;  ///< Per group, op and size, over the window.
   size_t slow_collectives_named = 0;       ///< Named in this attempt.
   uint64_t resident_bytes = 0;

@@ -14,8 +14,8 @@
 
 #include "common/exit_status.hpp"
 #include "common/sys.hpp"
-#include "common/version.hpp"
 #include "common/unique_fd.hpp"
+#include "common/version.hpp"
 #include "launcher/process/process_control.hpp"
 
 namespace mcprun {
@@ -344,7 +344,8 @@ nlohmann::ordered_json RunSummary::format_json(int exit_code) const {
     if (const RankProgress* progress = stall_progress(worker.rank);
         progress && !progress->stack_file.empty())
       entry["stack_dump"] = progress->stack_file;
-    if (const RankProgress* progress = stall_progress(worker.rank); progress && !progress->hint.empty())
+    if (const RankProgress* progress = stall_progress(worker.rank);
+        progress && !progress->hint.empty())
       entry["hint"] = progress->hint;
     ranks.push_back(std::move(entry));
   }
@@ -360,14 +361,15 @@ nlohmann::ordered_json RunSummary::format_json(int exit_code) const {
                    ? nlohmann::ordered_json(hint_)
                    : nlohmann::ordered_json(nullptr)},
       // A rank that exited 0 just before the failing rank lost its peer: the likely cause.
-      {"early_finisher", early_finisher_ && ending.result == "failed"
-                             ? nlohmann::ordered_json{{"rank", early_finisher_->rank},
-                                                      {"exit_code", early_finisher_->exit_code_known
-                                                                        ? nlohmann::ordered_json(0)
-                                                                        : nlohmann::ordered_json(nullptr)},
-                                                      {"seconds_before_failure",
-                                                       round_ms(early_finisher_->seconds_before)}}
-                             : nlohmann::ordered_json(nullptr)},
+      {"early_finisher",
+       early_finisher_ && ending.result == "failed"
+           ? nlohmann::ordered_json{{"rank", early_finisher_->rank},
+                                    {"exit_code", early_finisher_->exit_code_known
+                                                      ? nlohmann::ordered_json(0)
+                                                      : nlohmann::ordered_json(nullptr)},
+                                    {"seconds_before_failure",
+                                     round_ms(early_finisher_->seconds_before)}}
+           : nlohmann::ordered_json(nullptr)},
       // Who held the others back while the job ran (the straggler watch), oldest first.
       {"stragglers", stragglers_json()},
       {"slow_collectives", slow_collectives_json()},
@@ -435,13 +437,12 @@ class JunitCases {
 std::vector<std::string> rank_failure_body(const WorkerOutcome& worker,
                                            const std::optional<RecordedError>& recorded,
                                            const RankProgress* progress, const std::string& host) {
-  std::vector<std::string> body{
-      fmt::format("rank {} (local rank {}, pid {}) on {}: {}", worker.rank, worker.local_rank,
-                  worker.pid, host,
-                  worker.pid == 0 ? "never started"
-                  : worker.stopped_by_launcher
-                      ? "stopped by mcprun, " + describe_exit(worker.exit_code, worker.signal)
-                      : describe_exit(worker.exit_code, worker.signal))};
+  std::vector<std::string> body{fmt::format(
+      "rank {} (local rank {}, pid {}) on {}: {}", worker.rank, worker.local_rank, worker.pid, host,
+      worker.pid == 0 ? "never started"
+      : worker.stopped_by_launcher
+          ? "stopped by mcprun, " + describe_exit(worker.exit_code, worker.signal)
+          : describe_exit(worker.exit_code, worker.signal))};
   if (recorded) {
     body.push_back("error: " + recorded->message);
     std::istringstream traceback(recorded->traceback);

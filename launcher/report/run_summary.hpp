@@ -12,11 +12,11 @@
 #include <vector>
 
 #include "common/expected.hpp"
+#include "launcher/config/launch_config.hpp"
 #include "launcher/diagnose/failure_hints.hpp"
 #include "launcher/supervise/failure_report.hpp"
-#include "launcher/config/launch_config.hpp"
-#include "launcher/watch/stall_report.hpp"
 #include "launcher/supervise/worker_group.hpp"
+#include "launcher/watch/stall_report.hpp"
 
 namespace mcprun {
 
@@ -46,9 +46,13 @@ class RunSummary {
   /// The rank whose clean exit the failing rank's lost peer most likely was: its `early_finisher`.
   void set_early_finisher(std::optional<EarlyFinisher> finisher) { early_finisher_ = finisher; }
   /// The stragglers the last attempt named: its `stragglers`.
-  void set_stragglers(std::vector<StragglerEpisode> stragglers) { stragglers_ = std::move(stragglers); }
+  void set_stragglers(std::vector<StragglerEpisode> stragglers) {
+    stragglers_ = std::move(stragglers);
+  }
   /// The slow collectives the last attempt named: its `slow_collectives`.
-  void set_slow_collectives(std::vector<SlowCollective> slow) { slow_collectives_ = std::move(slow); }
+  void set_slow_collectives(std::vector<SlowCollective> slow) {
+    slow_collectives_ = std::move(slow);
+  }
   /// --preflight's report (docs/preflight.md), as the check wrote it; its text left out.
   void set_preflight(nlohmann::json report) { preflight_ = std::move(report); }
 
@@ -70,7 +74,8 @@ class RunSummary {
     double duration_s = 0;
     std::filesystem::path stdout_log, stderr_log;  ///< Empty: not kept.
   };
-  /// The job's result word (success|failed|stalled|timeout|interrupted|cancelled) and one-line root cause.
+  /// The job's result word (success|failed|stalled|timeout|interrupted|cancelled) and one-line root
+  /// cause.
   struct Verdict {
     std::string result;
     std::string root_cause;
@@ -98,11 +103,11 @@ class RunSummary {
   std::optional<AttemptResult> last_;  ///< The last attempt's ending; its workers are in ranks_.
   std::vector<Rank> ranks_;
   std::string hint_;  ///< The last attempt's, when it failed or stalled; empty: none.
-  std::optional<EarlyFinisher> early_finisher_;  ///< The last attempt's, when it failed.
-  std::vector<StragglerEpisode> stragglers_;     ///< The last attempt's.
-  std::vector<SlowCollective> slow_collectives_; ///< The last attempt's.
-  nlohmann::json preflight_;  ///< null: no --preflight ran.
-  std::shared_ptr<LastErrorSink> last_error_;  ///< Explains an ending that no attempt does.
+  std::optional<EarlyFinisher> early_finisher_;   ///< The last attempt's, when it failed.
+  std::vector<StragglerEpisode> stragglers_;      ///< The last attempt's.
+  std::vector<SlowCollective> slow_collectives_;  ///< The last attempt's.
+  nlohmann::json preflight_;                      ///< null: no --preflight ran.
+  std::shared_ptr<LastErrorSink> last_error_;     ///< Explains an ending that no attempt does.
 };
 
 /// Text made safe for XML 1.0 character data and attribute values alike: markup characters and

@@ -1,11 +1,10 @@
 // StoreProtocol: one connection's requests parsed from its bytes and executed on the state.
-#include "launcher/store/tcp_store.hpp"
-
 #include <algorithm>
 #include <array>
 
 #include "common/logging.hpp"
 #include "launcher/store/store_wire.hpp"
+#include "launcher/store/tcp_store.hpp"
 
 // The wire format is torch's tcputil: a one-byte query type, then its arguments. Integers go in
 // host byte order (torch clients and servers are little endian in practice, and so is this

@@ -1,11 +1,10 @@
 // StoreState: the keys, counters and queues of one store, and its waiters and watchers.
-#include "launcher/store/tcp_store.hpp"
-
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 
 #include "launcher/store/store_wire.hpp"
+#include "launcher/store/tcp_store.hpp"
 
 namespace mcprun {
 namespace {

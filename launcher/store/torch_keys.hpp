@@ -5,9 +5,10 @@
 // env:// init with TORCHELASTIC_USE_AGENT_STORE=True adds PrefixStore("/worker/attempt_<n>"),
 // which torch 2.x dropped because it expects a fresh store per attempt (mcprun gives it one).
 // Key on the wire                                                  torch  written by
-// //worker/attempt_<n>/default_pg/store_based_barrier_key:1        1.13   every rank: add(1), then polls add(0)
-// /default_pg/store_based_barrier_key:0                            2.13   the same, only with TORCH_DIST_INIT_BARRIER=1
-// /default_pg/store_based_barrier_key:0:last_worker                2.13   the last rank in; the others wait on it
+// //worker/attempt_<n>/default_pg/store_based_barrier_key:1        1.13   every rank: add(1), then
+// polls add(0) /default_pg/store_based_barrier_key:0                            2.13   the same,
+// only with TORCH_DIST_INIT_BARRIER=1 /default_pg/store_based_barrier_key:0:last_worker 2.13   the
+// last rank in; the others wait on it
 // //worker/attempt_<n>/default_pg/0/0/<rank>, .../0/SEQ_NUM_...    1.13   each rank's gloo address
 // /default_pg/0//cpu//0/<rank>                                     2.13   each rank's gloo address
 #pragma once

@@ -1,8 +1,7 @@
 #include "launcher/supervise/failure_report.hpp"
 
-#include <nlohmann/json.hpp>
-
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "common/exit_status.hpp"

@@ -6,8 +6,8 @@
 #include <termios.h>
 #include <unistd.h>
 
-#include <boost/asio/buffer.hpp>
 #include <algorithm>
+#include <boost/asio/buffer.hpp>
 #include <cctype>
 #include <cerrno>
 #include <cstring>
@@ -68,7 +68,8 @@ std::string prefixed(std::string_view prefix, std::string_view text) {
 
 /// Whether two descriptors write to one terminal, pipe or file.
 bool same_file(int a, int b) {
-  struct stat first{}, second{};
+  struct stat first {
+  }, second{};
   if (::fstat(a, &first) != 0 || ::fstat(b, &second) != 0) return false;
   if (S_ISCHR(first.st_mode) && S_ISCHR(second.st_mode)) return first.st_rdev == second.st_rdev;
   return first.st_dev == second.st_dev && first.st_ino == second.st_ino;
@@ -128,16 +129,18 @@ std::string printable_text(std::string_view text) {
       i = std::min(control_sequence_end(text, i), text.size()) - 1;
       continue;
     }
-    if (c >= 0x20 && c != 0x7f) out += static_cast<char>(c);
-    else if (c == '\t') out += ' ';
+    if (c >= 0x20 && c != 0x7f)
+      out += static_cast<char>(c);
+    else if (c == '\t')
+      out += ' ';
   }
   return out;
 }
 
 size_t display_width(std::string_view text) {
   const std::string shown = printable_text(text);
-  return static_cast<size_t>(std::count_if(shown.begin(), shown.end(),
-                                           [](char c) { return !continuation_byte(c); }));
+  return static_cast<size_t>(
+      std::count_if(shown.begin(), shown.end(), [](char c) { return !continuation_byte(c); }));
 }
 
 winsize rank_window(const winsize& console, std::string_view prefix) {
@@ -192,7 +195,8 @@ void Console::write_line(const void* source, std::string_view prefix, std::strin
   if (cursor.open_line == source) line += '\r';  // The final state replaces ours.
   // On a terminal the line takes the other's progress line's place and that line is drawn
   // again below it, as tqdm.write does; elsewhere nothing can be erased and it stays a line.
-  else if (below_another) line += terminal_ ? "\r\x1b[K" : "\n";
+  else if (below_another)
+    line += terminal_ ? "\r\x1b[K" : "\n";
   line.append(prefixed(prefix, text)).push_back('\n');
   if (below_another && terminal_) {
     line += cursor.drawn;
@@ -243,8 +247,8 @@ RankOutput::RankOutput(boost::asio::io_context& io, std::string prefix, StreamRo
   streams_[1].console = &err_console;
   for (int i = 0; i < 2; ++i) {
     Stream& stream = streams_[i];
-    stream.reader =
-        std::make_unique<boost::asio::posix::stream_descriptor>(io, open_stream(stream, i).release());
+    stream.reader = std::make_unique<boost::asio::posix::stream_descriptor>(
+        io, open_stream(stream, i).release());
     if (!stream.route.log_file.empty()) {
       stream.log = std::fopen(stream.route.log_file.c_str(), "we");
       if (!stream.log)
@@ -301,18 +305,20 @@ void RankOutput::start() {
 }
 
 void RankOutput::read_more(Stream& stream) {
-  stream.reader->async_read_some(
-      boost::asio::buffer(stream.buffer), [this, &stream](boost::system::error_code ec, size_t n) {
-        // EOF; EIO from a pseudo-terminal once the worker closed it; or closed by finish().
-        if (ec) {
-          if (ec != boost::asio::error::operation_aborted) close_stream(stream);
-          return;
-        }
-        std::string_view chunk(stream.buffer.data(), n);
-        write_log(stream, chunk);
-        relay(stream, chunk);
-        read_more(stream);
-      });
+  stream.reader->async_read_some(boost::asio::buffer(stream.buffer),
+                                 [this, &stream](boost::system::error_code ec, size_t n) {
+                                   // EOF; EIO from a pseudo-terminal once the worker closed it; or
+                                   // closed by finish().
+                                   if (ec) {
+                                     if (ec != boost::asio::error::operation_aborted)
+                                       close_stream(stream);
+                                     return;
+                                   }
+                                   std::string_view chunk(stream.buffer.data(), n);
+                                   write_log(stream, chunk);
+                                   relay(stream, chunk);
+                                   read_more(stream);
+                                 });
 }
 
 void RankOutput::relay(Stream& stream, std::string_view chunk) {
@@ -335,14 +341,15 @@ void RankOutput::relay(Stream& stream, std::string_view chunk) {
 
 void RankOutput::show_progress(Stream& stream, bool whole) {
   // A read may end in half a character or half a colour: that part waits for the next read.
-  const std::string_view ready = std::string_view(stream.partial)
-                                     .substr(0, whole ? stream.partial.size()
-                                                      : complete_length(stream.partial));
+  const std::string_view ready =
+      std::string_view(stream.partial)
+          .substr(0, whole ? stream.partial.size() : complete_length(stream.partial));
   if (ready.empty() || ready == stream.shown) return;
   last_output_ = std::chrono::steady_clock::now();
   stream.shown = ready;
   const bool copied = stderr_copy_ && &stream == &streams_[1];
-  if (stream.route.to_console && !copied) stream.console->write_progress(&stream, prefix_, stream.shown);
+  if (stream.route.to_console && !copied)
+    stream.console->write_progress(&stream, prefix_, stream.shown);
 }
 
 void RankOutput::end_line(Stream& stream) {
@@ -357,8 +364,10 @@ void RankOutput::end_line(Stream& stream) {
     return;
   }
   if (stream.route.to_console) {
-    if (bare_end) stream.console->end_progress(&stream, prefix_, line);
-    else stream.console->write_line(&stream, prefix_, line);
+    if (bare_end)
+      stream.console->end_progress(&stream, prefix_, line);
+    else
+      stream.console->write_line(&stream, prefix_, line);
   }
   tail_.push_back(line);
   if (tail_.size() > kTailLines) tail_.pop_front();

@@ -6,10 +6,9 @@
 
 #include <sys/ioctl.h>
 
+#include <array>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
-
-#include <array>
 #include <chrono>
 #include <cstdio>
 #include <deque>
@@ -133,11 +132,11 @@ class RankOutput {
     std::unique_ptr<boost::asio::posix::stream_descriptor> reader;
     StreamRoute route;
     Console* console = nullptr;
-    bool terminal = false;       ///< The reader is a pseudo-terminal's master.
+    bool terminal = false;  ///< The reader is a pseudo-terminal's master.
     std::FILE* log = nullptr;
-    std::string partial;         ///< The line's text since its last "\r" or its start.
-    std::string shown;           ///< The progress update last written for this line.
-    bool carriage = false;       ///< The line has had a "\r": it is a progress line.
+    std::string partial;    ///< The line's text since its last "\r" or its start.
+    std::string shown;      ///< The progress update last written for this line.
+    bool carriage = false;  ///< The line has had a "\r": it is a progress line.
     std::array<char, 16384> buffer;
   };
   /// The stream's reading end; its writing end goes to child_ends_[index].

@@ -3,7 +3,6 @@
 #include <signal.h>
 
 #include <boost/asio/post.hpp>
-
 #include <fstream>
 
 #include "common/event_loop.hpp"
@@ -21,7 +20,8 @@ constexpr std::chrono::hours kNoAttemptLimit{24 * 365};
 constexpr std::chrono::seconds kDumpBatchSlack{1};
 
 /// Adds the Python tracebacks faulthandler printed to a rank's stack dump file.
-void append_tracebacks(const std::filesystem::path& stack_file, const std::vector<std::string>& lines) {
+void append_tracebacks(const std::filesystem::path& stack_file,
+                       const std::vector<std::string>& lines) {
   std::ofstream out(stack_file, std::ios::app);
   out << "\n=== Python tracebacks (faulthandler, on SIGABRT) ===\n";
   for (const std::string& line : lines) out << line << "\n";
@@ -29,9 +29,8 @@ void append_tracebacks(const std::filesystem::path& stack_file, const std::vecto
 
 }  // namespace
 
-WorkerGroup::WorkerGroup(boost::asio::io_context& io, ProcessControl& control,
-                         const RankPlan& plan, const LaunchConfig& config,
-                         const Environment& inherited)
+WorkerGroup::WorkerGroup(boost::asio::io_context& io, ProcessControl& control, const RankPlan& plan,
+                         const LaunchConfig& config, const Environment& inherited)
     : io_(io),
       control_(control),
       plan_(plan),
@@ -134,7 +133,8 @@ size_t WorkerGroup::running_count() const {
 
 bool WorkerGroup::run_until(const std::function<bool()>& done,
                             std::chrono::steady_clock::duration limit) {
-  mcprun::run_until(io_, [&] { return done() || escalate_; }, limit);
+  mcprun::run_until(
+      io_, [&] { return done() || escalate_; }, limit);
   return done();
 }
 
@@ -173,7 +173,8 @@ std::vector<WorkerStatus> WorkerGroup::status() const {
     status.running = worker.running;
     if (worker.pid > 0 && !worker.running)
       status.ended = describe_exit(worker.outcome.exit_code, worker.outcome.signal);
-    if (!worker.output->tail().empty()) status.last_line = printable_text(worker.output->tail().back());
+    if (!worker.output->tail().empty())
+      status.last_line = printable_text(worker.output->tail().back());
     status.last_output = worker.output->last_output();
     status.stack_file = worker.stack_file;
     statuses.push_back(std::move(status));
@@ -207,16 +208,20 @@ void WorkerGroup::dump_stalled_workers() {
 
 void WorkerGroup::await_flight_recorder_dumps() {
   const auto& collective = stall_->collective;
-  if (stall_->kind != StallNotice::Kind::kCollective || !collective || collective->source == "stack")
+  if (stall_->kind != StallNotice::Kind::kCollective || !collective ||
+      collective->source == "stack")
     return;  // torch 1.x has no Flight Recorder.
   const auto prefix = flight_recorder_prefix(attempt_dir_).string();
   std::filesystem::create_directories(flight_recorder_prefix(attempt_dir_).parent_path());
-  run_until([&] {
-    for (const Worker& worker : workers_)
-      if (worker.running && !std::filesystem::exists(prefix + std::to_string(worker.slot->identity.rank)))
-        return false;
-    return true;
-  }, kFlightRecorderDumpTimeout);
+  run_until(
+      [&] {
+        for (const Worker& worker : workers_)
+          if (worker.running &&
+              !std::filesystem::exists(prefix + std::to_string(worker.slot->identity.rank)))
+            return false;
+        return true;
+      },
+      kFlightRecorderDumpTimeout);
 }
 
 AttemptResult WorkerGroup::run_attempt(int restart_count, const AttemptFiles& files,
@@ -248,8 +253,10 @@ void WorkerGroup::prepare_workers(const AttemptFiles& files) {
     const int local_rank = slot.identity.local_rank;
     const auto rank_dir = files.attempt_dir / std::to_string(local_rank);
     std::filesystem::create_directories(rank_dir);
-    const int redirect = config_.redirects.bits_for(local_rank), tee = config_.tee.bits_for(local_rank);
-    const bool shown = !config_.local_ranks_filter || config_.local_ranks_filter->contains(local_rank);
+    const int redirect = config_.redirects.bits_for(local_rank),
+              tee = config_.tee.bits_for(local_rank);
+    const bool shown =
+        !config_.local_ranks_filter || config_.local_ranks_filter->contains(local_rank);
     StreamRoute out{shown && (!(redirect & 1) || (tee & 1)),
                     files.keep_logs ? rank_dir / "stdout.log" : std::filesystem::path()};
     StreamRoute err{shown && (!(redirect & 2) || (tee & 2)),
@@ -257,8 +264,9 @@ void WorkerGroup::prepare_workers(const AttemptFiles& files) {
     Worker& worker = workers_.emplace_back();
     worker.slot = &slot;
     worker.output = std::make_unique<RankOutput>(
-        io_, console_prefix(config_.log_line_prefix_template, slot.identity.rank, local_rank,
-                            plan_.job.role, several_ranks),
+        io_,
+        console_prefix(config_.log_line_prefix_template, slot.identity.rank, local_rank,
+                       plan_.job.role, several_ranks),
         out, err, stdout_console_, stderr_console_);
     worker.outcome.rank = slot.identity.rank;
     worker.outcome.local_rank = local_rank;
@@ -273,9 +281,9 @@ void WorkerGroup::spawn_workers(int restart_count, AttemptResult& result, const 
     if (interrupt_signal_ != 0) break;
     const Environment delta =
         worker_spawn_delta(plan_, *worker.slot, restart_count, worker.dir, inherited_, stand_in);
-    SpawnRequest request{stand_in ? stand_in->argv : plan_.argv, merge_environment(inherited_, delta),
-                         worker.slot->cpus, worker.output->child_stdout(),
-                         worker.output->child_stderr()};
+    SpawnRequest request{stand_in ? stand_in->argv : plan_.argv,
+                         merge_environment(inherited_, delta), worker.slot->cpus,
+                         worker.output->child_stdout(), worker.output->child_stderr()};
     auto pid = control_.spawn(request);
     worker.output->close_child_ends();
     if (!pid) {
@@ -292,24 +300,31 @@ void WorkerGroup::spawn_workers(int restart_count, AttemptResult& result, const 
 }
 
 void WorkerGroup::supervise() {
-  run_until([this] {
-    return running_count() == 0 || first_failure_ || interrupt_signal_ != 0 || peer_stop_ || stall_;
-  },
-            kNoAttemptLimit);
+  run_until(
+      [this] {
+        return running_count() == 0 || first_failure_ || interrupt_signal_ != 0 || peer_stop_ ||
+               stall_;
+      },
+      kNoAttemptLimit);
 }
 
 void WorkerGroup::stop_attempt() {
   if (stall_ && interrupt_signal_ == 0) dump_stalled_workers();
   // Whatever ended the attempt, nothing of it outlives it: not workers, not their grandchildren.
-  if (interrupt_signal_ != 0) stop_all(interrupt_signal_, true);
-  else stop_all(SIGTERM, false);
+  if (interrupt_signal_ != 0)
+    stop_all(interrupt_signal_, true);
+  else
+    stop_all(SIGTERM, false);
 }
 
 void WorkerGroup::collect_outcomes(AttemptResult& result) {
-  run_until([this] {
-    for (const Worker& worker : workers_) if (!worker.output->drained()) return false;
-    return true;
-  }, kOutputDrainTimeout);
+  run_until(
+      [this] {
+        for (const Worker& worker : workers_)
+          if (!worker.output->drained()) return false;
+        return true;
+      },
+      kOutputDrainTimeout);
   for (Worker& worker : workers_) {
     worker.output->copy_stderr_to(nullptr);
     if (!worker.tracebacks.empty()) append_tracebacks(worker.stack_file, worker.tracebacks);

@@ -6,7 +6,6 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
-
 #include <chrono>
 #include <filesystem>
 #include <functional>
@@ -14,11 +13,11 @@
 #include <optional>
 #include <vector>
 
-#include "launcher/supervise/failure_report.hpp"
 #include "launcher/config/launch_config.hpp"
-#include "launcher/supervise/output_relay.hpp"
-#include "launcher/process/process_control.hpp"
 #include "launcher/plan/rank_plan.hpp"
+#include "launcher/process/process_control.hpp"
+#include "launcher/supervise/failure_report.hpp"
+#include "launcher/supervise/output_relay.hpp"
 #include "launcher/watch/stack_dump.hpp"
 #include "launcher/watch/stall_watch.hpp"
 
@@ -33,14 +32,20 @@ inline constexpr std::chrono::seconds kTracebackTimeout{2};
 
 /// How an attempt ended.
 struct AttemptResult {
-  enum class End { kSucceeded, kWorkerFailed, kInterrupted, kSpawnFailed, kPeerStopped, kStalled } end =
-      End::kSucceeded;
+  enum class End {
+    kSucceeded,
+    kWorkerFailed,
+    kInterrupted,
+    kSpawnFailed,
+    kPeerStopped,
+    kStalled
+  } end = End::kSucceeded;
   std::vector<WorkerOutcome> workers;
-  size_t first_failure = 0;     ///< Index into workers, for kWorkerFailed.
-  int interrupt_signal = 0;     ///< For kInterrupted.
-  std::string spawn_error;      ///< For kSpawnFailed.
-  std::string peer_reason;      ///< For kPeerStopped: what another node reported.
-  int peer_exit_code = 0;       ///< For kPeerStopped.
+  size_t first_failure = 0;          ///< Index into workers, for kWorkerFailed.
+  int interrupt_signal = 0;          ///< For kInterrupted.
+  std::string spawn_error;           ///< For kSpawnFailed.
+  std::string peer_reason;           ///< For kPeerStopped: what another node reported.
+  int peer_exit_code = 0;            ///< For kPeerStopped.
   std::optional<StallNotice> stall;  ///< For kStalled.
 };
 
@@ -68,7 +73,8 @@ class WorkerGroup {
   /// The job stalled (here or on another node): diagnose, dump stacks, then stop the group.
   void request_stall(StallNotice notice);
   /// Called once per stall with every worker's status, before stacks are dumped.
-  void on_stall(std::function<void(const StallNotice&, const std::vector<WorkerStatus>&)> listener) {
+  void on_stall(
+      std::function<void(const StallNotice&, const std::vector<WorkerStatus>&)> listener) {
     stall_listener_ = std::move(listener);
   }
   /// Every worker of the current attempt, as the watchdogs see it.
@@ -86,8 +92,8 @@ class WorkerGroup {
     bool running = false;
     std::unique_ptr<RankOutput> output;
     WorkerOutcome outcome;
-    std::filesystem::path dir;         ///< <attempt dir>/<local rank>: its logs and dumps.
-    std::filesystem::path stack_file;  ///< Empty under --no-stack-dumps.
+    std::filesystem::path dir;            ///< <attempt dir>/<local rank>: its logs and dumps.
+    std::filesystem::path stack_file;     ///< Empty under --no-stack-dumps.
     std::vector<std::string> tracebacks;  ///< stderr after SIGABRT: faulthandler's dump.
   };
   // run_attempt's steps, in order.

@@ -43,7 +43,8 @@ class ChannelSession : public FramedSession {
       if (!request) return refuse(request.error().message);
       const BarrierRequest& barrier = *request;
       waiting_at_.insert(barrier.name);
-      if (listener.on_barrier && rank_ >= 0) listener.on_barrier(rank_, barrier.name, barrier.timeout_s);
+      if (listener.on_barrier && rank_ >= 0)
+        listener.on_barrier(rank_, barrier.name, barrier.timeout_s);
     } else {
       spdlog::warn("{} sent an unknown message '{}'", peer(), type);
     }

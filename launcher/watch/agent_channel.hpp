@@ -1,5 +1,5 @@
-// The local agent's unix socket for the workers' python helper (worker_helper/mcprun): heartbeats and
-// cross-node barriers. Frames are common/protocol.hpp's. Messages, worker -> agent:
+// The local agent's unix socket for the workers' python helper (worker_helper/mcprun): heartbeats
+// and cross-node barriers. Frames are common/protocol.hpp's. Messages, worker -> agent:
 //   hello      rank, pid: sent once per connection
 //   heartbeat  (no fields)
 //   barrier    name, timeout_s: the caller blocks until the agent answers "barrier_done" {name}
@@ -7,7 +7,6 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
-
 #include <filesystem>
 #include <functional>
 #include <memory>

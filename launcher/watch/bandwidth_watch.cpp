@@ -20,9 +20,13 @@ constexpr size_t kHealthyFigures = 600;
 // The smallest size whose bandwidth says something of a link: below it, latency rules.
 constexpr int64_t kSmallestBucketBytes = int64_t{64} << 10;
 
-bool contains(const std::string& text, const char* part) { return text.find(part) != std::string::npos; }
+bool contains(const std::string& text, const char* part) {
+  return text.find(part) != std::string::npos;
+}
 
-bool is_all_reduce(const std::string& op) { return contains(op, "all_reduce") || contains(op, "allreduce"); }
+bool is_all_reduce(const std::string& op) {
+  return contains(op, "all_reduce") || contains(op, "allreduce");
+}
 
 std::string gbps(double bytes_per_s) { return fmt::format("{:.3g} GB/s", bytes_per_s / 1e9); }
 
@@ -64,7 +68,8 @@ void BandwidthWatch::add(const CollectiveTiming& timing) {
   Kind& kind = kinds_[{timing.group, timing.op, bucket}];
   kind.ranks = timing.ranks;
   ++kind.collectives;
-  kind.window.push_back({timing.done_ns, factor * static_cast<double>(timing.bytes), timing.seconds});
+  kind.window.push_back(
+      {timing.done_ns, factor * static_cast<double>(timing.bytes), timing.seconds});
 }
 
 std::optional<std::tuple<double, double, double>> BandwidthWatch::measure(const Kind& kind,
@@ -86,7 +91,8 @@ std::optional<std::tuple<double, double, double>> BandwidthWatch::measure(const 
 std::optional<std::string> BandwidthWatch::check(Clock::time_point now,
                                                  std::chrono::system_clock::time_point wall,
                                                  const CpuWaitShare& cpu_wait_share) {
-  const int64_t wall_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(wall.time_since_epoch()).count();
+  const int64_t wall_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(wall.time_since_epoch()).count();
   std::optional<std::pair<Key, SlowCollective>> slowest;
   bool recovered = false;  // The slow kind was measured, and not slow.
   for (auto& [key, kind] : kinds_) {
@@ -108,7 +114,9 @@ std::optional<std::string> BandwidthWatch::check(Clock::time_point now,
     // The median of the earlier checks: one lucky window makes no baseline.
     if (!kind.healthy.empty()) {
       std::vector<double> earlier(kind.healthy.begin(), kind.healthy.end());
-      std::nth_element(earlier.begin(), earlier.begin() + static_cast<std::ptrdiff_t>(earlier.size() / 2), earlier.end());
+      std::nth_element(earlier.begin(),
+                       earlier.begin() + static_cast<std::ptrdiff_t>(earlier.size() / 2),
+                       earlier.end());
       slow.busbw_before = earlier[earlier.size() / 2];
     }
     if (floor_ && is_all_reduce(slow.op) && size_bucket(floor_->first) <= std::get<2>(key) &&
@@ -116,9 +124,10 @@ std::optional<std::string> BandwidthWatch::check(Clock::time_point now,
       slow.busbw_before = floor_->second;  // --preflight's all-reduce, at this size or smaller.
       slow.before_is_preflight = true;
     }
-    spdlog::debug("bandwidth watch: {} {} {} on group {}: {}, before {}, mean {:.3f} s, busy {:.0f}%",
-                  slow.op, slow.size, kind.window.size(), slow.group, gbps(busbw),
-                  gbps(slow.busbw_before), mean_s, 100 * busy_share);
+    spdlog::debug(
+        "bandwidth watch: {} {} {} on group {}: {}, before {}, mean {:.3f} s, busy {:.0f}%",
+        slow.op, slow.size, kind.window.size(), slow.group, gbps(busbw), gbps(slow.busbw_before),
+        mean_s, 100 * busy_share);
     kind.under_share = busbw < settings_.slow_collective_share * slow.busbw_before &&
                        mean_s >= settings_.slow_collective_min_s;
     // A window under the share is no baseline, named slow or not: a slowdown's first windows
@@ -144,9 +153,12 @@ std::optional<std::string> BandwidthWatch::check(Clock::time_point now,
     }
     // Its ranks waited for a CPU: the box is loaded, and no link is to blame. Neither slow nor
     // a healthy figure for the baseline.
-    if (const double waited = cpu_wait_share ? cpu_wait_share(slow.ranks) : 0; waited >= kStarvedRunDelayShare) {
-      spdlog::debug("bandwidth watch: {} {} on group {} is slow, but its ranks waited for a CPU {:.0f}% of "
-                    "the time: not named", slow.op, slow.size, slow.group, 100 * waited);
+    if (const double waited = cpu_wait_share ? cpu_wait_share(slow.ranks) : 0;
+        waited >= kStarvedRunDelayShare) {
+      spdlog::debug(
+          "bandwidth watch: {} {} on group {} is slow, but its ranks waited for a CPU {:.0f}% of "
+          "the time: not named",
+          slow.op, slow.size, slow.group, 100 * waited);
       kind.slow_since_ns.reset();
       kind.under_share = false;
       continue;
@@ -154,7 +166,8 @@ std::optional<std::string> BandwidthWatch::check(Clock::time_point now,
     // ...and stays slow for half a window: a burst of load on the box is no slow link.
     if (!kind.slow_since_ns) kind.slow_since_ns = wall_ns;
     if (static_cast<double>(wall_ns - *kind.slow_since_ns) / 1e9 < settings_.window_s / 2) continue;
-    if (!slowest || busbw / slow.busbw_before < slowest->second.busbw_now / slowest->second.busbw_before)
+    if (!slowest ||
+        busbw / slow.busbw_before < slowest->second.busbw_now / slowest->second.busbw_before)
       slowest.emplace(key, std::move(slow));
   }
   if (current_ && slowest && slowest->first == current_key_) {
@@ -170,8 +183,10 @@ std::optional<std::string> BandwidthWatch::check(Clock::time_point now,
   if (!slowest) {
     current_ = false;
     const SlowCollective& ended = episodes_.back();
-    return fmt::format("slow collective gone: {} of {} on group {} runs at over {:.0f}% of its earlier bandwidth again",
-                       ended.op, ended.size, ended.group, 100 * settings_.slow_collective_share);
+    return fmt::format(
+        "slow collective gone: {} of {} on group {} runs at over {:.0f}% of its earlier bandwidth "
+        "again",
+        ended.op, ended.size, ended.group, 100 * settings_.slow_collective_share);
   }
   slowest->second.first_seen = slowest->second.last_seen = wall;
   episodes_.push_back(std::move(slowest->second));

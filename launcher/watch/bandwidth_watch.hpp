@@ -5,9 +5,9 @@
 #pragma once
 
 #include <chrono>
-#include <functional>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -43,18 +43,18 @@ std::string size_bucket_label(int bucket);
 struct SlowCollective {
   std::string group, op, size;  ///< size: its bucket's label.
   std::vector<int> ranks;
-  double busbw_before = 0;      ///< Bytes/s: the median of the earlier checks, or the floor.
+  double busbw_before = 0;  ///< Bytes/s: the median of the earlier checks, or the floor.
   bool before_is_preflight = false;
   double busbw_now = 0;
-  double mean_s = 0;            ///< One collective's time, in the window that named it.
-  double busy_share = 0;        ///< Of the window spent in these collectives.
+  double mean_s = 0;      ///< One collective's time, in the window that named it.
+  double busy_share = 0;  ///< Of the window spent in these collectives.
   std::chrono::system_clock::time_point first_seen, last_seen;
 };
 
 /// A kind of collective's figure now: what `--metrics-port` serves.
 struct BandwidthFigure {
   std::string group, op, size;
-  double busbw = 0;  ///< Bytes/s over the window.
+  double busbw = 0;          ///< Bytes/s over the window.
   uint64_t collectives = 0;  ///< Timed since the attempt began.
 };
 
@@ -74,7 +74,8 @@ class BandwidthWatch {
   using CpuWaitShare = std::function<double(const std::vector<int>& ranks)>;
   /// One line at most a window: a slow collective named, or gone. A kind whose ranks were starved
   /// of CPU (`cpu_wait_share`, when given) is not named: a loaded box slows gloo's reductions too.
-  std::optional<std::string> check(Clock::time_point now, std::chrono::system_clock::time_point wall,
+  std::optional<std::string> check(Clock::time_point now,
+                                   std::chrono::system_clock::time_point wall,
                                    const CpuWaitShare& cpu_wait_share = {});
   /// A kind of collective on `group` with `rank` in it ran under its share of its earlier bandwidth
   /// at the last check: named, or not yet (too short a time, or too small a share of the window).
@@ -100,7 +101,8 @@ class BandwidthWatch {
     uint64_t collectives = 0;
   };
   /// A full window's bandwidth, mean time per collective and busy share; nullopt when too few.
-  std::optional<std::tuple<double, double, double>> measure(const Kind& kind, int64_t wall_ns) const;
+  std::optional<std::tuple<double, double, double>> measure(const Kind& kind,
+                                                            int64_t wall_ns) const;
   std::string describe(const SlowCollective& slow) const;
 
   StragglerSettings settings_;

@@ -41,9 +41,10 @@ bool in_unseen_backward(const ProgressRecord& record) {
   if (record.source != "stack" || !record.pending.empty()) return false;
   // backward() and, on torch 2.x falling back to stacks, the engine call beneath it.
   const size_t innermost = std::min<size_t>(record.frames.size(), 3);
-  return std::any_of(record.frames.end() - innermost, record.frames.end(), [](const std::string& frame) {
-    return frame.ends_with(" in backward") || frame.ends_with(" in _engine_run_backward");
-  });
+  return std::any_of(
+      record.frames.end() - innermost, record.frames.end(), [](const std::string& frame) {
+        return frame.ends_with(" in backward") || frame.ends_with(" in _engine_run_backward");
+      });
 }
 
 }  // namespace
@@ -97,7 +98,8 @@ Expected<ProgressRecord> parse_progress_record(std::string_view text) {
           if (const auto done_us = arrival.at(3).get<int64_t>(); done_us >= 0)
             parsed_arrival.done_ns = t0_ns + done_us * 1000;
           parsed_arrival.bytes = std::max<int64_t>(arrival.at(4).get<int64_t>(), 0);
-          if (const auto op = arrival.at(5).get<size_t>(); op < ops.size()) parsed_arrival.op = ops[op];
+          if (const auto op = arrival.at(5).get<size_t>(); op < ops.size())
+            parsed_arrival.op = ops[op];
           if (const auto gpu_us = arrival.at(6).get<int64_t>(); gpu_us >= 0)
             parsed_arrival.gpu_s = static_cast<double>(gpu_us) / 1e6;
         }
@@ -163,10 +165,18 @@ nlohmann::json to_json(const CollectiveStall& stall) {
   const PendingCollective& c = stall.collective;
   nlohmann::json states = nlohmann::json::object();
   for (const auto& [rank, state] : stall.states) states[std::to_string(rank)] = state;
-  return {{"group", c.group},   {"group_ranks", c.group_ranks}, {"op", c.op},
-          {"seq", c.seq},       {"backend", c.backend},         {"pending_s", c.pending_s},
-          {"in", stall.in},     {"missing", stall.missing},     {"states", states},
-          {"mismatch", stall.mismatch}, {"source", stall.source}, {"in_backward", c.in_backward}};
+  return {{"group", c.group},
+          {"group_ranks", c.group_ranks},
+          {"op", c.op},
+          {"seq", c.seq},
+          {"backend", c.backend},
+          {"pending_s", c.pending_s},
+          {"in", stall.in},
+          {"missing", stall.missing},
+          {"states", states},
+          {"mismatch", stall.mismatch},
+          {"source", stall.source},
+          {"in_backward", c.in_backward}};
 }
 
 nlohmann::json to_compact_json(const CollectiveStall& stall, size_t max_bytes) {
@@ -190,7 +200,8 @@ nlohmann::json to_compact_json(const CollectiveStall& stall, size_t max_bytes) {
   }
   std::map<std::string_view, std::vector<int>> by_state;
   for (const auto& [rank, state] : stall.states) by_state[state].push_back(rank);
-  std::vector<std::pair<std::string_view, std::vector<int>>> groups(by_state.begin(), by_state.end());
+  std::vector<std::pair<std::string_view, std::vector<int>>> groups(by_state.begin(),
+                                                                    by_state.end());
   std::stable_sort(groups.begin(), groups.end(),
                    [](const auto& a, const auto& b) { return a.second.size() > b.second.size(); });
   // Room kept for the "states" key and its "states_left_out" count, added below.
@@ -260,7 +271,8 @@ bool kernel_busy(const ProcessActivity& before, const ProcessActivity& after, do
   const double busy_s = kBusyCpuShare * wall;
   if (after.cpu_s - before.cpu_s >= busy_s) return true;
   if (before.main_run_s >= 0 && after.main_run_s >= 0 &&
-      (after.main_run_s - before.main_run_s) + (after.main_run_delay_s - before.main_run_delay_s) >= busy_s)
+      (after.main_run_s - before.main_run_s) + (after.main_run_delay_s - before.main_run_delay_s) >=
+          busy_s)
     return true;
   return before.main_io_bytes >= 0 && after.main_io_bytes > before.main_io_bytes;
 }
@@ -283,7 +295,8 @@ void CollectiveWatch::observe(ProgressRecord record, Clock::time_point now) {
   const double wall = seconds_between(view.received, now);
   const bool completed_more = record.completed > view.last.completed;
   // Its CPU, or its main thread's wait for a CPU that a loaded box did not give it.
-  const double busy_s = (record.cpu_s - view.last.cpu_s) + (record.run_delay_s - view.last.run_delay_s);
+  const double busy_s =
+      (record.cpu_s - view.last.cpu_s) + (record.run_delay_s - view.last.run_delay_s);
   const bool busy = computing(record) && wall > 0 && busy_s >= kBusyCpuShare * wall;
   if (completed_more || busy) last_progress_ = now;
   view.last = std::move(record);
@@ -305,12 +318,13 @@ void CollectiveWatch::observe_kernel(int rank, pid_t pid, const ProcessActivity&
       const bool silent =
           view == ranks_.end() || seconds_between(view->second.received, now) > 2 * interval_s_;
       if (silent)
-        spdlog::debug("collective watch: rank {} (pid {}), no recent record, is busy by its kernel "
-                      "counts: CPU {:.2f} s, main thread on a CPU {:.2f} s and waiting for one "
-                      "{:.2f} s, in {:.2f} s",
-                      rank, pid, activity.cpu_s - sample.activity.cpu_s,
-                      activity.main_run_s - sample.activity.main_run_s,
-                      activity.main_run_delay_s - sample.activity.main_run_delay_s, wall);
+        spdlog::debug(
+            "collective watch: rank {} (pid {}), no recent record, is busy by its kernel "
+            "counts: CPU {:.2f} s, main thread on a CPU {:.2f} s and waiting for one "
+            "{:.2f} s, in {:.2f} s",
+            rank, pid, activity.cpu_s - sample.activity.cpu_s,
+            activity.main_run_s - sample.activity.main_run_s,
+            activity.main_run_delay_s - sample.activity.main_run_delay_s, wall);
       last_progress_ = now;
     }
   }
@@ -372,15 +386,18 @@ std::optional<CollectiveStall> CollectiveWatch::check(Clock::time_point now) con
   std::set<int> known(members);
   for (const auto& [rank, view] : ranks_) {
     known.insert(rank);
-    if (stall.source.empty() || stall.source == view.last.source) stall.source = view.last.source;
-    else stall.source = "mixed";
+    if (stall.source.empty() || stall.source == view.last.source)
+      stall.source = view.last.source;
+    else
+      stall.source = "mixed";
   }
   for (const auto& [rank, how] : ended_) known.insert(rank);
   for (int member : members) {
     auto it = ranks_.find(member);
     bool in = false;
     if (it != ranks_.end() && !gone(member))
-      for (const PendingCollective& pending : it->second.last.pending) in |= same_call(*chosen, pending);
+      for (const PendingCollective& pending : it->second.last.pending)
+        in |= same_call(*chosen, pending);
     (in ? stall.in : stall.missing).push_back(member);
     if (!in && it != ranks_.end() && !gone(member) &&
         (!it->second.last.pending.empty() || in_unseen_backward(it->second.last)))
@@ -406,12 +423,14 @@ std::string CollectiveWatch::state_of(int rank, const PendingCollective* stalled
   auto it = ranks_.find(rank);
   if (auto ended = ended_.find(rank); ended != ended_.end())
     // Which rank exits first after a timeout is a race: the call it was in says more.
-    return "exited: " + ended->second + (it == ranks_.end() ? "" : "; " + last_call(it->second.last));
+    return "exited: " + ended->second +
+           (it == ranks_.end() ? "" : "; " + last_call(it->second.last));
   if (it == ranks_.end()) return "sent no progress record: no process group seen";
   const RankView& view = it->second;
   const double age = seconds_between(view.received, now);
   // A stall report counts an exiting rank out; a failure report shows the call it left.
-  if (view.last.exiting && stalled) return "exiting (its interpreter is shutting down); " + last_call(view.last);
+  if (view.last.exiting && stalled)
+    return "exiting (its interpreter is shutting down); " + last_call(view.last);
   for (const PendingCollective& pending : view.last.pending) {
     const double pending_for = pending.pending_s + age;
     if (!stalled || same_call(*stalled, pending))
@@ -420,7 +439,8 @@ std::string CollectiveWatch::state_of(int rank, const PendingCollective* stalled
   }
   if (in_unseen_backward(view.last))
     return "in backward(), where DDP's gradient all-reduce runs (torch 1.x cannot name it): "
-           "likely a mismatch; " + innermost_frames(view.last.frames);
+           "likely a mismatch; " +
+           innermost_frames(view.last.frames);
   if (age > kStaleIntervals * interval_s_)
     return fmt::format("no record for {:.0f} s{}; last in user code: {}", age, kSilentReporterGuess,
                        innermost_frames(view.last.frames));

@@ -1,14 +1,14 @@
-// The collective watchdog: every rank's reporter (worker_helper/mcprun/_progress.py, injected through
-// sitecustomize) publishes its collective progress in the job store; the node that serves the
-// store judges from all of them, across nodes, whether the job has stopped making progress.
+// The collective watchdog: every rank's reporter (worker_helper/mcprun/_progress.py, injected
+// through sitecustomize) publishes its collective progress in the job store; the node that serves
+// the store judges from all of them, across nodes, whether the job has stopped making progress.
 #pragma once
 
-#include <nlohmann/json.hpp>
 #include <sys/types.h>
 
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -42,12 +42,12 @@ inline constexpr std::string_view kSilentReporterGuess =
 
 /// A collective a rank has started and not finished.
 struct PendingCollective {
-  std::string group;            ///< The process group's name: "0" is the default group.
-  std::vector<int> group_ranks; ///< Its members' global ranks; empty when unknown.
-  std::string op;               ///< "all_reduce", "barrier", "broadcast"...
-  int64_t seq = -1;             ///< Its sequence number in the group; -1: unknown (torch 1.x).
-  std::string backend;          ///< "gloo", "nccl"; empty when unknown.
-  double pending_s = 0;         ///< How long it had been pending when the record was made.
+  std::string group;             ///< The process group's name: "0" is the default group.
+  std::vector<int> group_ranks;  ///< Its members' global ranks; empty when unknown.
+  std::string op;                ///< "all_reduce", "barrier", "broadcast"...
+  int64_t seq = -1;              ///< Its sequence number in the group; -1: unknown (torch 1.x).
+  std::string backend;           ///< "gloo", "nccl"; empty when unknown.
+  double pending_s = 0;          ///< How long it had been pending when the record was made.
   /// torch 1.x: DDP's gradient all-reduce, seen as backward() after DDP issued collectives in
   /// it. A rank busy there is computing gradients: progress, as outside a collective.
   bool in_backward = false;
@@ -74,22 +74,22 @@ struct GroupArrivals {
 struct ProgressRecord {
   int rank = 0;
   int pid = 0;
-  int64_t number = 0;           ///< Counts up per record.
-  std::string source;           ///< "flight_recorder" (torch 2.x) or "stack" (torch 1.x).
-  int64_t completed = -1;       ///< Collectives this rank completed, all groups; -1: unknown.
+  int64_t number = 0;      ///< Counts up per record.
+  std::string source;      ///< "flight_recorder" (torch 2.x) or "stack" (torch 1.x).
+  int64_t completed = -1;  ///< Collectives this rank completed, all groups; -1: unknown.
   std::vector<PendingCollective> pending;  ///< Oldest first.
-  double cpu_s = 0;             ///< CPU time of the rank and its live descendants.
+  double cpu_s = 0;                        ///< CPU time of the rank and its live descendants.
   std::vector<std::string> frames;         ///< The main thread's innermost frames, innermost last.
   /// Set at interpreter exit: the rank left its collectives; `pending` is what it was in before.
   bool exiting = false;
-  std::string host;             ///< Where the rank runs; empty from an older reporter.
+  std::string host;  ///< Where the rank runs; empty from an older reporter.
   int local_rank = -1;
-  double run_delay_s = 0;       ///< Its main thread's wait for a CPU (/proc schedstat).
+  double run_delay_s = 0;  ///< Its main thread's wait for a CPU (/proc schedstat).
   /// Its cgroup's CPU quota in cores, and the cgroup's periods and throttled periods so far;
   /// quota 0: none.
   double cpu_quota_cores = 0;
   int64_t cpu_periods = 0, cpu_throttled_periods = 0;
-  int64_t sent_ns = 0;          ///< Its wall clock when it made the record; 0: unknown.
+  int64_t sent_ns = 0;  ///< Its wall clock when it made the record; 0: unknown.
   std::map<std::string, GroupArrivals> arrivals;  ///< By group name; empty in most records.
 };
 
@@ -137,7 +137,9 @@ class CollectiveWatch {
   /// report adds when a rank failed in one (a process-group timeout shorter than mcprun's).
   std::map<int, std::string> ranks_in_collectives(Clock::time_point now) const;
   /// When each rank's exiting record arrived: its script had ended (the early finisher's clue).
-  const std::map<int, std::chrono::system_clock::time_point>& exiting_at() const { return exiting_at_; }
+  const std::map<int, std::chrono::system_clock::time_point>& exiting_at() const {
+    return exiting_at_;
+  }
 
  private:
   struct RankView {

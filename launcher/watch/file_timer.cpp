@@ -4,12 +4,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <boost/asio/buffer.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/steady_timer.hpp>
-
-#include <algorithm>
-#include <array>
 #include <cerrno>
 #include <chrono>
 #include <limits>
@@ -33,8 +32,7 @@ constexpr size_t kMaxTimers = 100000;
 constexpr std::chrono::hours kLongestWake{1};
 
 double epoch_seconds_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 /// Which of two expired scopes of one pid to report: torch's server kills with the earliest
@@ -82,17 +80,16 @@ struct FileTimerServer::Session : std::enable_shared_from_this<Session> {
 };
 
 void FileTimerServer::Session::read_more() {
-  fifo.async_read_some(boost::asio::buffer(buffer),
-                       [self = shared_from_this()](boost::system::error_code ec, size_t n) {
-                         if (self->closed) return;
-                         if (ec) {
-                           spdlog::warn("stopped reading timer requests from {}: {}", self->path,
-                                        ec.message());
-                           return;
-                         }
-                         self->consume({self->buffer.data(), n});
-                         self->read_more();
-                       });
+  fifo.async_read_some(boost::asio::buffer(buffer), [self = shared_from_this()](
+                                                        boost::system::error_code ec, size_t n) {
+    if (self->closed) return;
+    if (ec) {
+      spdlog::warn("stopped reading timer requests from {}: {}", self->path, ec.message());
+      return;
+    }
+    self->consume({self->buffer.data(), n});
+    self->read_more();
+  });
 }
 
 void FileTimerServer::Session::consume(std::string_view chunk) {
@@ -148,7 +145,8 @@ void FileTimerServer::Session::on_request(std::string_view line) {
   }
   TimerRequest& request = *parsed;
   auto key = std::make_pair(request.pid, std::move(request.scope_id));
-  if (request.expiration_time < 0) timers.erase(key);  // Negative: torch's release.
+  if (request.expiration_time < 0)
+    timers.erase(key);  // Negative: torch's release.
   else if (timers.size() < kMaxTimers || timers.contains(key))
     timers[std::move(key)] = {request.expiration_time, request.signal};
   else
@@ -213,8 +211,7 @@ FileTimerServer::FileTimerServer(boost::asio::io_context& io, std::filesystem::p
   };
   struct stat existing;
   // A FIFO left by an earlier run (torch's server replaces it too); anything else is an error.
-  if (::lstat(path_.c_str(), &existing) == 0 && S_ISFIFO(existing.st_mode))
-    ::unlink(path_.c_str());
+  if (::lstat(path_.c_str(), &existing) == 0 && S_ISFIFO(existing.st_mode)) ::unlink(path_.c_str());
   if (::mkfifo(path_.c_str(), 0600) != 0) fail("mkfifo", false);
   // Reader first: opening the writer non-blocking needs one.
   UniqueFd read_end(::open(path_.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));

@@ -6,7 +6,6 @@
 #include <sys/types.h>
 
 #include <boost/asio/io_context.hpp>
-
 #include <filesystem>
 #include <functional>
 #include <memory>

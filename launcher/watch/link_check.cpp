@@ -10,9 +10,10 @@ namespace mcprun {
 void LinkSamples::add(int rank, const std::vector<QueuedConnection>& connections, int store_port) {
   for (const QueuedConnection& connection : connections) {
     if (connection.remote.port == store_port) continue;
-    const std::string remote = connection.remote.address.find(':') == std::string::npos
-                                   ? fmt::format("{}:{}", connection.remote.address, connection.remote.port)
-                                   : fmt::format("[{}]:{}", connection.remote.address, connection.remote.port);
+    const std::string remote =
+        connection.remote.address.find(':') == std::string::npos
+            ? fmt::format("{}:{}", connection.remote.address, connection.remote.port)
+            : fmt::format("[{}]:{}", connection.remote.address, connection.remote.port);
     Queued& queued = queued_[{rank, remote}];
     queued.bytes += connection.send_queue;
     queued.full += connection.send_queue >= kSlowLinkQueueBytes;
@@ -21,9 +22,9 @@ void LinkSamples::add(int rank, const std::vector<QueuedConnection>& connections
 
 std::optional<std::string> LinkSamples::verdict(const std::string& host, int samples) const {
   if (queued_.empty() || samples <= 0) return std::nullopt;
-  const auto fullest = std::max_element(queued_.begin(), queued_.end(), [](const auto& a, const auto& b) {
-    return a.second.bytes < b.second.bytes;
-  });
+  const auto fullest = std::max_element(
+      queued_.begin(), queued_.end(),
+      [](const auto& a, const auto& b) { return a.second.bytes < b.second.bytes; });
   if (2 * fullest->second.full < samples) return std::nullopt;
   const double mean = static_cast<double>(fullest->second.bytes) / samples;
   return fmt::format(

@@ -7,7 +7,6 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
-
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -31,7 +30,8 @@ inline constexpr uint64_t kSlowLinkQueueBytes = 64 << 10;
 /// What the samples add up to: pure logic, fed by LinkCheck or a test.
 class LinkSamples {
  public:
-  /// One sample of `rank`'s connections; the job store's (`store_port`) is not a link between ranks.
+  /// One sample of `rank`'s connections; the job store's (`store_port`) is not a link between
+  /// ranks.
   void add(int rank, const std::vector<QueuedConnection>& connections, int store_port);
   /// The connection with the fullest send queue, when it held kSlowLinkQueueBytes in half the
   /// samples or more:

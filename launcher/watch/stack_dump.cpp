@@ -7,10 +7,9 @@ extern "C" {  // glibc 2.36 declares these without C linkage.
 }
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
-
-#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -37,9 +36,12 @@ std::vector<std::string> launcher_environment() {
 
 std::string StackDumpTool::name() const {
   switch (kind) {
-    case Kind::kPySpy: return "py-spy";
-    case Kind::kGdb: return "gdb";
-    case Kind::kNone: break;
+    case Kind::kPySpy:
+      return "py-spy";
+    case Kind::kGdb:
+      return "gdb";
+    case Kind::kNone:
+      break;
   }
   return "none";
 }
@@ -47,12 +49,23 @@ std::string StackDumpTool::name() const {
 std::vector<std::string> StackDumpTool::argv(pid_t pid) const {
   const std::string target = std::to_string(pid);
   switch (kind) {
-    case Kind::kPySpy: return {program, "dump", "--native", "--pid", target};
+    case Kind::kPySpy:
+      return {program, "dump", "--native", "--pid", target};
     case Kind::kGdb:
       // No init files, no pager, no debuginfod downloads: a dump must not wait on anything.
-      return {program, "-nx", "-batch", "-iex", "set debuginfod enabled off",
-              "-ex", "set pagination off", "-ex", "thread apply all bt", "-p", target};
-    case Kind::kNone: break;
+      return {program,
+              "-nx",
+              "-batch",
+              "-iex",
+              "set debuginfod enabled off",
+              "-ex",
+              "set pagination off",
+              "-ex",
+              "thread apply all bt",
+              "-p",
+              target};
+    case Kind::kNone:
+      break;
   }
   return {};
 }
@@ -115,8 +128,8 @@ struct StackDumper::Dump : std::enable_shared_from_this<Dump> {
 void StackDumper::Dump::start(const StackDumpTool& tool) {
   tool_name = tool.name();
   // O_APPEND: our header and trailer and the dumper's own output never overwrite each other.
-  output.reset(::open(request.output.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC,
-                      0644));
+  output.reset(
+      ::open(request.output.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644));
   if (!output.valid()) {
     spdlog::warn("cannot write the stack dump of pid {} to {}: {}", request.pid,
                  request.output.string(), std::strerror(errno));
@@ -134,8 +147,8 @@ void StackDumper::Dump::start(const StackDumpTool& tool) {
     note("no stack dumper found (install gdb or py-spy)");
     return finish_later();
   }
-  auto pid = control.spawn({tool.argv(request.pid), launcher_environment(), {}, output.get(),
-                            output.get()});
+  auto pid = control.spawn(
+      {tool.argv(request.pid), launcher_environment(), {}, output.get(), output.get()});
   if (!pid) {
     note("# mcprun: cannot start " + tool_name + ": " + pid.error().message);
     return finish_later();
@@ -205,8 +218,7 @@ void StackDumper::Dump::finish() {
     ::pidfd_send_signal(target.get(), SIGCONT, nullptr, 0);
   output.reset();
   target.reset();
-  if (auto owner = std::move(batch); owner && --owner->remaining == 0 && owner->done)
-    owner->done();
+  if (auto owner = std::move(batch); owner && --owner->remaining == 0 && owner->done) owner->done();
 }
 
 StackDumper::StackDumper(boost::asio::io_context& io, ProcessControl& control, StackDumpTool tool)

@@ -5,7 +5,6 @@
 #include <sys/types.h>
 
 #include <boost/asio/io_context.hpp>
-
 #include <chrono>
 #include <filesystem>
 #include <functional>

@@ -1,12 +1,12 @@
 #include "launcher/watch/stall_report.hpp"
 
-#include "common/topology.hpp"
-
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <sstream>
 #include <stdexcept>
+
+#include "common/topology.hpp"
 
 namespace mcprun {
 namespace {
@@ -31,12 +31,14 @@ std::string collective_summary(const CollectiveStall& stall) {
   if (stall.mismatch)
     text += "\n  MISMATCH: ranks called different collectives (see each rank's state below)";
   if (stall.missing.empty())
-    text += "\n  every member is in it and it never completes: on GPUs, NCCL's communicator or "
-            "transport (the wrong interface: NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME; broken P2P: "
-            "NCCL_P2P_DISABLE=1; a small /dev/shm). Run `mcprun doctor` on each node";
+    text +=
+        "\n  every member is in it and it never completes: on GPUs, NCCL's communicator or "
+        "transport (the wrong interface: NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME; broken P2P: "
+        "NCCL_P2P_DISABLE=1; a small /dev/shm). Run `mcprun doctor` on each node";
   if (stall.source == "stack")
-    text += "\n  (torch 1.x has no Flight Recorder: collectives are seen in Python stacks, and "
-            "one that DDP issues from C++ shows as the caller's frame, such as backward())";
+    text +=
+        "\n  (torch 1.x has no Flight Recorder: collectives are seen in Python stacks, and "
+        "one that DDP issues from C++ shows as the caller's frame, such as backward())";
   return text;
 }
 
@@ -80,7 +82,8 @@ nlohmann::json to_frame_json(const StallNotice& notice, size_t max_bytes) {
   }
   if (notice.collective) {
     const size_t used = json.dump().size();
-    json["collective"] = to_compact_json(*notice.collective, max_bytes > used ? max_bytes - used : 0);
+    json["collective"] =
+        to_compact_json(*notice.collective, max_bytes > used ? max_bytes - used : 0);
   }
   return json;
 }
@@ -107,23 +110,30 @@ StallNotice stall_notice_from_json(const nlohmann::json& json) {
     }
   }
   notice.arrived_left_out = json.value("arrived_left_out", size_t{0});
-  if (json.contains("collective")) notice.collective = collective_stall_from_json(json.at("collective"));
+  if (json.contains("collective"))
+    notice.collective = collective_stall_from_json(json.at("collective"));
   return notice;
 }
 
 nlohmann::json to_json(const RankProgress& progress) {
-  return {{"rank", progress.rank},           {"local_rank", progress.local_rank},
-          {"host", progress.host},           {"pid", progress.pid},
-          {"level", progress.level},         {"state", progress.state},
-          {"last_line", progress.last_line}, {"last_line_age_s", progress.last_line_age_s},
-          {"stack_file", progress.stack_file}, {"hint", progress.hint}};
+  return {{"rank", progress.rank},
+          {"local_rank", progress.local_rank},
+          {"host", progress.host},
+          {"pid", progress.pid},
+          {"level", progress.level},
+          {"state", progress.state},
+          {"last_line", progress.last_line},
+          {"last_line_age_s", progress.last_line_age_s},
+          {"stack_file", progress.stack_file},
+          {"hint", progress.hint}};
 }
 
 RankProgress rank_progress_from_json(const nlohmann::json& json) {
-  return {json.at("rank"),      json.at("local_rank"), json.at("host"),
-          json.at("pid"),       json.at("level"),      json.at("state"),
-          json.at("last_line"), json.at("last_line_age_s"), json.at("stack_file"),
-          json.value("hint", std::string())};
+  return {json.at("rank"),       json.at("local_rank"),
+          json.at("host"),       json.at("pid"),
+          json.at("level"),      json.at("state"),
+          json.at("last_line"),  json.at("last_line_age_s"),
+          json.at("stack_file"), json.value("hint", std::string())};
 }
 
 int furthest_level(const std::vector<RankProgress>& ranks) {
@@ -138,15 +148,16 @@ std::string format_stall_report(const StallNotice& notice, std::vector<RankProgr
             [](const RankProgress& a, const RankProgress& b) { return a.rank < b.rank; });
   const int furthest = furthest_level(ranks);
   std::vector<int> arrived, missing;
-  for (const RankProgress& rank : ranks) (rank.level < furthest ? missing : arrived).push_back(rank.rank);
+  for (const RankProgress& rank : ranks)
+    (rank.level < furthest ? missing : arrived).push_back(rank.rank);
   const int unreported = world_size - static_cast<int>(ranks.size());
 
   const std::string rule(72, '=');
   std::ostringstream out;
   out << rule << "\nmcprun: job STALLED: " << notice.what;
   if (!notice.noticed_on.empty()) out << " (noticed on " << notice.noticed_on << ")";
-  out << "\n  arrived: " << arrived.size() << " of " << world_size << " ranks (" << rank_list(arrived)
-      << ")\n  missing: " << rank_list(missing);
+  out << "\n  arrived: " << arrived.size() << " of " << world_size << " ranks ("
+      << rank_list(arrived) << ")\n  missing: " << rank_list(missing);
   if (unreported > 0) out << "; " << unreported << " rank(s) on nodes that sent no report";
   if (notice.collective) out << collective_summary(*notice.collective);
   out << "\n" << std::string(72, '-') << "\n";
@@ -155,15 +166,16 @@ std::string format_stall_report(const StallNotice& notice, std::vector<RankProgr
   for (const RankProgress& rank : ranks) {
     std::string last = "(no output)";
     if (rank.last_line_age_s >= 0)
-      last = fmt::format("{:.1f} s ago: {}", rank.last_line_age_s,
-                         rank.last_line.substr(0, 120));
+      last = fmt::format("{:.1f} s ago: {}", rank.last_line_age_s, rank.last_line.substr(0, 120));
     const std::string row = fmt::format(
         "  {:<5} {:<24} {:<8} ", std::to_string(rank.rank) + (rank.level < furthest ? "*" : ""),
-        rank.host + ":" + std::to_string(rank.local_rank), rank.pid > 0 ? std::to_string(rank.pid) : "-");
+        rank.host + ":" + std::to_string(rank.local_rank),
+        rank.pid > 0 ? std::to_string(rank.pid) : "-");
     if (rank.state.size() <= kStateColumn)
       out << row << fmt::format("{:<{}} {}\n", rank.state, kStateColumn, last);
     else  // A collective stall's state names frames: the last output goes on a line of its own.
-      out << row << rank.state << "\n" << std::string(row.size(), ' ') << "last output " << last << "\n";
+      out << row << rank.state << "\n"
+          << std::string(row.size(), ' ') << "last output " << last << "\n";
     if (!rank.hint.empty()) out << std::string(8, ' ') << "hint: " << rank.hint << "\n";
   }
   bool any_dump = false;

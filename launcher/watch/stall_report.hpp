@@ -2,13 +2,12 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
-
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "launcher/watch/collective_watch.hpp"
 #include "launcher/store/init_barrier.hpp"
+#include "launcher/watch/collective_watch.hpp"
 
 namespace mcprun {
 
@@ -16,13 +15,13 @@ namespace mcprun {
 struct StallNotice {
   enum class Kind { kInit, kBarrier, kTimer, kHeartbeat, kSilence, kCollective };
   Kind kind = Kind::kInit;
-  std::string what;          ///< "the process group's init barrier (--init-timeout 10 s)".
-  std::string barrier;       ///< kBarrier: the helper barrier's name.
-  std::optional<int> rank;   ///< kTimer/kHeartbeat/kSilence: the rank that went quiet.
-  PeerPorts arrived;         ///< kInit: store connections that reached the init barrier.
+  std::string what;             ///< "the process group's init barrier (--init-timeout 10 s)".
+  std::string barrier;          ///< kBarrier: the helper barrier's name.
+  std::optional<int> rank;      ///< kTimer/kHeartbeat/kSilence: the rank that went quiet.
+  PeerPorts arrived;            ///< kInit: store connections that reached the init barrier.
   size_t arrived_left_out = 0;  ///< kInit: hosts whose arrivals did not fit the notice's frame.
   std::optional<CollectiveStall> collective;  ///< kCollective: the collective and every rank.
-  std::string noticed_on;    ///< The host that declared it.
+  std::string noticed_on;                     ///< The host that declared it.
 };
 
 nlohmann::json to_json(const StallNotice& notice);
@@ -42,11 +41,11 @@ struct RankProgress {
   std::string host;
   int pid = 0;
   int level = kNotRunning;
-  std::string state;          ///< "never connected to the store", "at the barrier", ...
-  std::string last_line;      ///< Empty: no output yet.
+  std::string state;      ///< "never connected to the store", "at the barrier", ...
+  std::string last_line;  ///< Empty: no output yet.
   double last_line_age_s = -1;
-  std::string stack_file;     ///< Empty: no dump.
-  std::string hint;           ///< What its last output means (diagnose/failure_hints); empty: nothing known.
+  std::string stack_file;  ///< Empty: no dump.
+  std::string hint;  ///< What its last output means (diagnose/failure_hints); empty: nothing known.
 };
 
 nlohmann::json to_json(const RankProgress& progress);

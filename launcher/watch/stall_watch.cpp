@@ -74,7 +74,8 @@ void StallWatch::begin_attempt(int world_size, int master_port, StallHooks hooks
     collectives_.emplace(settings_.collective_timeout, kProgressIntervalSeconds, attempt_start_);
     if (settings_.stragglers.window_s > 0) {
       stragglers_.emplace(settings_.stragglers);
-      if (bandwidth_floor_) stragglers_->bandwidth().set_floor(bandwidth_floor_->first, bandwidth_floor_->second);
+      if (bandwidth_floor_)
+        stragglers_->bandwidth().set_floor(bandwidth_floor_->first, bandwidth_floor_->second);
     }
     arm_collective_check();
   }
@@ -126,9 +127,10 @@ void StallWatch::on_store_event(const StoreEvent& event) {
   // there: importing torch on a loaded box, or a script that never uses env:// init, is no stall,
   // and a rank arriving just after an early one still gets the whole timeout.
   if (first_arrival && init_->any_connected()) {
-    spdlog::debug("rank traffic on the job store after {:.2f} s; the init barrier is due within "
-                  "--init-timeout {}",
-                  seconds_since(attempt_start_), format_seconds(settings_.init_timeout));
+    spdlog::debug(
+        "rank traffic on the job store after {:.2f} s; the init barrier is due within "
+        "--init-timeout {}",
+        seconds_since(attempt_start_), format_seconds(settings_.init_timeout));
     arm_init_deadline();
   }
   if (init_->passed()) {
@@ -148,8 +150,10 @@ void StallWatch::on_progress_record(const std::string& key) {
     return;
   }
   if (stragglers_)
-    stragglers_->observe(*record, std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                      std::chrono::system_clock::now().time_since_epoch()).count(),
+    stragglers_->observe(*record,
+                         std::chrono::duration_cast<std::chrono::nanoseconds>(
+                             std::chrono::system_clock::now().time_since_epoch())
+                             .count(),
                          Clock::now());
   collectives_->observe(std::move(*record), Clock::now());
 }
@@ -165,7 +169,8 @@ void StallWatch::on_collective_check() {
   if (!armed_ || stalled_ || !collectives_) return;
   if (hooks_.workers)
     for (const WorkerStatus& worker : hooks_.workers()) {
-      if (worker.pid > 0 && !worker.running) collectives_->rank_ended(worker.rank, worker.ended);
+      if (worker.pid > 0 && !worker.running)
+        collectives_->rank_ended(worker.rank, worker.ended);
       else if (auto activity = worker.pid > 0 ? read_process_activity(worker.pid) : std::nullopt)
         collectives_->observe_kernel(worker.rank, worker.pid, *activity, Clock::now());
     }
@@ -176,14 +181,15 @@ void StallWatch::on_collective_check() {
   }
   if (hooks_.workers)
     for (const WorkerStatus& worker : hooks_.workers())
-      if (auto state = stall->states.find(worker.rank); state != stall->states.end() && worker.running)
+      if (auto state = stall->states.find(worker.rank);
+          state != stall->states.end() && worker.running)
         state->second = with_run_state(worker.pid, state->second);
   StallNotice notice;
   notice.kind = StallNotice::Kind::kCollective;
-  notice.what = fmt::format("{} made no progress for --collective-timeout {}: no collective "
-                            "completed on any rank and no rank outside it was busy",
-                            describe(stall->collective),
-                            format_seconds(settings_.collective_timeout));
+  notice.what = fmt::format(
+      "{} made no progress for --collective-timeout {}: no collective "
+      "completed on any rank and no rank outside it was busy",
+      describe(stall->collective), format_seconds(settings_.collective_timeout));
   notice.collective = std::move(*stall);
   declare(std::move(notice));
 }
@@ -192,14 +198,18 @@ void StallWatch::check_stragglers() {
   if (!stragglers_) return;
   std::vector<std::string> lines;
   // The collectives first: a rank late because its collective crawls is that collective's case.
-  const auto cpu_wait_share = [this](const std::vector<int>& ranks) { return stragglers_->cpu_wait_share(ranks); };
-  if (auto line = stragglers_->bandwidth().check(Clock::now(), std::chrono::system_clock::now(), cpu_wait_share))
+  const auto cpu_wait_share = [this](const std::vector<int>& ranks) {
+    return stragglers_->cpu_wait_share(ranks);
+  };
+  if (auto line = stragglers_->bandwidth().check(Clock::now(), std::chrono::system_clock::now(),
+                                                 cpu_wait_share))
     lines.push_back(std::move(*line));
   if (auto line = stragglers_->check(Clock::now(), std::chrono::system_clock::now())) {
     // A straggler starved of CPU on this node: name what takes the CPU it may use.
     if (const StragglerEpisode* straggler = stragglers_->current();
         straggler && straggler->cause.starts_with("starved of CPU") && straggler->host == host_)
-      if (auto hog = busiest_process_beside(straggler->cause_pid)) *line += "; busiest beside it: " + *hog;
+      if (auto hog = busiest_process_beside(straggler->cause_pid))
+        *line += "; busiest beside it: " + *hog;
     lines.push_back(std::move(*line));
   }
   for (const std::string& line : lines) {
@@ -224,7 +234,8 @@ void StallWatch::check_links() {
 }
 
 std::map<int, std::chrono::system_clock::time_point> StallWatch::exiting_ranks() const {
-  return collectives_ ? collectives_->exiting_at() : std::map<int, std::chrono::system_clock::time_point>{};
+  return collectives_ ? collectives_->exiting_at()
+                      : std::map<int, std::chrono::system_clock::time_point>{};
 }
 
 std::vector<StragglerEpisode> StallWatch::stragglers() const {
@@ -236,7 +247,8 @@ std::vector<SlowCollective> StallWatch::slow_collectives() const {
 }
 
 std::map<int, std::string> StallWatch::ranks_in_collectives() const {
-  return collectives_ ? collectives_->ranks_in_collectives(Clock::now()) : std::map<int, std::string>{};
+  return collectives_ ? collectives_->ranks_in_collectives(Clock::now())
+                      : std::map<int, std::string>{};
 }
 
 void StallWatch::on_init_deadline() {
@@ -267,10 +279,12 @@ void StallWatch::arm_activity_deadline() {
     if (auto beat = last_heartbeat_.find(worker.rank);
         beat != last_heartbeat_.end() && settings_.heartbeat_timeout > 0)
       consider(beat->second + seconds(settings_.heartbeat_timeout));
-    if (settings_.silence_timeout > 0) consider(worker.last_output + seconds(settings_.silence_timeout));
+    if (settings_.silence_timeout > 0)
+      consider(worker.last_output + seconds(settings_.silence_timeout));
   }
   // Workers not started yet (or none watched so far): look again after the silence limit.
-  if (!earliest && settings_.silence_timeout > 0) earliest = Clock::now() + seconds(settings_.silence_timeout);
+  if (!earliest && settings_.silence_timeout > 0)
+    earliest = Clock::now() + seconds(settings_.silence_timeout);
   if (!earliest) return;
   activity_deadline_.expires_at(*earliest);
   activity_deadline_.async_wait([this](boost::system::error_code ec) {
@@ -285,8 +299,9 @@ void StallWatch::on_activity_deadline() {
     if (!worker.running) continue;
     StallNotice notice;
     notice.rank = worker.rank;
-    if (auto beat = last_heartbeat_.find(worker.rank); beat != last_heartbeat_.end() &&
-        settings_.heartbeat_timeout > 0 && now >= beat->second + seconds(settings_.heartbeat_timeout)) {
+    if (auto beat = last_heartbeat_.find(worker.rank);
+        beat != last_heartbeat_.end() && settings_.heartbeat_timeout > 0 &&
+        now >= beat->second + seconds(settings_.heartbeat_timeout)) {
       notice.kind = StallNotice::Kind::kHeartbeat;
       notice.what = fmt::format("rank {} sent no heartbeat for --heartbeat-timeout {}", worker.rank,
                                 format_seconds(settings_.heartbeat_timeout));
@@ -337,7 +352,8 @@ void StallWatch::on_timer_expired(const ExpiredTimer& expired) {
     StallNotice notice;
     notice.kind = StallNotice::Kind::kTimer;
     notice.rank = worker.rank;
-    notice.what = fmt::format("rank {}'s FileTimer scope '{}' expired", worker.rank, expired.scope_id);
+    notice.what =
+        fmt::format("rank {}'s FileTimer scope '{}' expired", worker.rank, expired.scope_id);
     return declare(std::move(notice));
   }
   spdlog::warn("FileTimer scope '{}' of pid {} expired; that pid is no worker of this node",
@@ -367,34 +383,37 @@ std::vector<RankProgress> StallWatch::diagnose(const StallNotice& notice,
       bool arrived = false, unknown = false;
       for (const SocketEnd& end : ends) {
         if (auto ports = notice.arrived.find(end.address); ports != notice.arrived.end())
-          arrived |= std::find(ports->second.begin(), ports->second.end(), end.port) != ports->second.end();
+          arrived |= std::find(ports->second.begin(), ports->second.end(), end.port) !=
+                     ports->second.end();
         else
           unknown |= notice.arrived_left_out > 0;  // Its host's arrivals did not fit the notice.
       }
-      progress.level = arrived ? RankProgress::kArrived
+      progress.level = arrived        ? RankProgress::kArrived
                        : ends.empty() ? RankProgress::kNotConnected
                                       : RankProgress::kConnected;
-      progress.state = arrived       ? "at the init barrier"
+      progress.state = arrived        ? "at the init barrier"
                        : ends.empty() ? "never connected to the store"
                        : unknown      ? "connected; at the init barrier or not, the notice did "
                                         "not say (its host's arrivals did not fit it)"
                                       : "connected, not at the init barrier";
     } else if (notice.kind == StallNotice::Kind::kBarrier) {
       auto barrier = barriers_.find(notice.barrier);
-      const bool arrived = barrier != barriers_.end() && barrier->second.arrived.contains(worker.rank);
+      const bool arrived =
+          barrier != barriers_.end() && barrier->second.arrived.contains(worker.rank);
       progress.level = arrived ? RankProgress::kArrived : RankProgress::kConnected;
       progress.state = arrived ? "at barrier '" + notice.barrier + "'"
                                : "never reached barrier '" + notice.barrier + "'";
     } else if (notice.kind == StallNotice::Kind::kCollective && notice.collective) {
       const CollectiveStall& stall = *notice.collective;
-      const bool missing = std::find(stall.missing.begin(), stall.missing.end(), worker.rank) !=
-                           stall.missing.end();
+      const bool missing =
+          std::find(stall.missing.begin(), stall.missing.end(), worker.rank) != stall.missing.end();
       progress.level = missing ? RankProgress::kConnected : RankProgress::kArrived;
       auto state = stall.states.find(worker.rank);
-      progress.state = with_run_state(worker.pid, state != stall.states.end() ? state->second : "running");
+      progress.state =
+          with_run_state(worker.pid, state != stall.states.end() ? state->second : "running");
     } else if (notice.rank == worker.rank) {
       progress.level = RankProgress::kConnected;
-      progress.state = notice.kind == StallNotice::Kind::kTimer       ? "its FileTimer scope expired"
+      progress.state = notice.kind == StallNotice::Kind::kTimer ? "its FileTimer scope expired"
                        : notice.kind == StallNotice::Kind::kHeartbeat ? "stopped heartbeating"
                                                                       : "went silent";
     } else {

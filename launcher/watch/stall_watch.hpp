@@ -5,7 +5,6 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
-
 #include <chrono>
 #include <filesystem>
 #include <functional>
@@ -16,16 +15,16 @@
 #include <string>
 #include <vector>
 
+#include "launcher/config/launch_config.hpp"
+#include "launcher/plan/rank_plan.hpp"
+#include "launcher/store/init_barrier.hpp"
+#include "launcher/store/tcp_store.hpp"
 #include "launcher/watch/agent_channel.hpp"
 #include "launcher/watch/collective_watch.hpp"
 #include "launcher/watch/file_timer.hpp"
-#include "launcher/store/init_barrier.hpp"
-#include "launcher/config/launch_config.hpp"
-#include "launcher/watch/stall_report.hpp"
 #include "launcher/watch/link_check.hpp"
+#include "launcher/watch/stall_report.hpp"
 #include "launcher/watch/straggler_watch.hpp"
-#include "launcher/store/tcp_store.hpp"
-#include "launcher/plan/rank_plan.hpp"
 
 namespace mcprun {
 
@@ -33,10 +32,10 @@ namespace mcprun {
 struct WorkerStatus {
   int rank = 0;
   int local_rank = 0;
-  pid_t pid = 0;                  ///< 0: never started.
+  pid_t pid = 0;  ///< 0: never started.
   bool running = false;
-  std::string ended;              ///< How it ended, once not running: "exit code 1".
-  std::string last_line;          ///< Empty: no output yet.
+  std::string ended;      ///< How it ended, once not running: "exit code 1".
+  std::string last_line;  ///< Empty: no output yet.
   std::chrono::steady_clock::time_point last_output;
   std::filesystem::path stack_file;
 };
@@ -76,7 +75,8 @@ class StallWatch {
   /// Each rank's last collective progress, when any rank was in a collective (see
   /// CollectiveWatch::ranks_in_collectives); empty where this node judges none.
   std::map<int, std::string> ranks_in_collectives() const;
-  /// When each rank's interpreter began to exit, by its last record; empty where this node judges none.
+  /// When each rank's interpreter began to exit, by its last record; empty where this node judges
+  /// none.
   std::map<int, std::chrono::system_clock::time_point> exiting_ranks() const;
   /// Every straggler the straggler watch named in this attempt; empty where this node judges none.
   std::vector<StragglerEpisode> stragglers() const;
@@ -134,8 +134,8 @@ class StallWatch {
   /// No rank had reached the store by the first deadline: the next one counts from the first.
   boost::asio::steady_timer init_deadline_;
   boost::asio::steady_timer activity_deadline_;
-  std::optional<CollectiveWatch> collectives_;  ///< On the node that serves the job store.
-  std::optional<StragglerWatch> stragglers_;    ///< Beside it, unless --straggler-window off.
+  std::optional<CollectiveWatch> collectives_;     ///< On the node that serves the job store.
+  std::optional<StragglerWatch> stragglers_;       ///< Beside it, unless --straggler-window off.
   std::vector<StragglerEpisode> last_stragglers_;  ///< The ended attempt's, for the summary.
   std::vector<SlowCollective> last_slow_collectives_;
   std::optional<std::pair<int64_t, double>> bandwidth_floor_;

@@ -20,7 +20,8 @@ double seconds_between(Clock::time_point from, Clock::time_point to) {
 double median(std::vector<double> values) {
   if (values.empty()) return 0;
   const size_t middle = values.size() / 2;
-  std::nth_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(middle), values.end());
+  std::nth_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(middle),
+                   values.end());
   return values[middle];
 }
 
@@ -55,7 +56,8 @@ constexpr double kDataLoaderOverOthers = 2;
 
 }  // namespace
 
-void StragglerWatch::observe(const ProgressRecord& record, int64_t received_ns, Clock::time_point now) {
+void StragglerWatch::observe(const ProgressRecord& record, int64_t received_ns,
+                             Clock::time_point now) {
   ranks_[record.rank] = {record.host, record.local_rank, record.pid};
   if (record.sent_ns > 0) {
     // The smallest (received - sent) is the rank's clock offset plus the shortest one-way delay.
@@ -88,7 +90,8 @@ void StragglerWatch::observe(const ProgressRecord& record, int64_t received_ns, 
       collective.bytes = std::max(collective.bytes, arrival.bytes);
       if (!arrival.op.empty()) collective.op = arrival.op.substr(0, 80);
       // A group of more than 64 ranks is sent without its members: every rank reporting it.
-      const size_t expected = collective.members.empty() ? reporting.size() : collective.members.size();
+      const size_t expected =
+          collective.members.empty() ? reporting.size() : collective.members.size();
       if (collective.created_ns.size() >= expected && expected > 1) {
         complete(group, arrival.seq, collective);
         open.erase(it);
@@ -116,7 +119,8 @@ void StragglerWatch::time(const std::string& group, int64_t seq, const Collectiv
   if (!done) return;
   auto& [last_seq, last_done] = last_done_[group];
   // A group runs its collectives in order: one queued behind the previous starts when it ends.
-  const int64_t start = seq == last_seq + 1 ? std::max(last_arrival_ns, last_done) : last_arrival_ns;
+  const int64_t start =
+      seq == last_seq + 1 ? std::max(last_arrival_ns, last_done) : last_arrival_ns;
   if (seq > last_seq) std::tie(last_seq, last_done) = std::tie(seq, *done);
   CollectiveTiming timing;
   timing.group = group;
@@ -124,14 +128,16 @@ void StragglerWatch::time(const std::string& group, int64_t seq, const Collectiv
   timing.bytes = collective.bytes;
   for (const auto& [rank, created] : collective.created_ns) timing.ranks.push_back(rank);
   // On the GPU the last to arrive waits least: its kernel's time is the transfer's.
-  timing.seconds = collective.gpu_s >= 0 ? collective.gpu_s : static_cast<double>(*done - start) / 1e9;
+  timing.seconds =
+      collective.gpu_s >= 0 ? collective.gpu_s : static_cast<double>(*done - start) / 1e9;
   timing.done_ns = *done;
   bandwidth_.add(timing);
 }
 
 void StragglerWatch::complete(const std::string& group, int64_t seq, const Collective& collective) {
   std::vector<std::pair<int64_t, int>> arrivals;  // On this host's clock.
-  for (const auto& [rank, created] : collective.created_ns) arrivals.emplace_back(on_this_clock(rank, created), rank);
+  for (const auto& [rank, created] : collective.created_ns)
+    arrivals.emplace_back(on_this_clock(rank, created), rank);
   const auto last = std::max_element(arrivals.begin(), arrivals.end());
   time(group, seq, collective, last->first);
   std::vector<double> others;
@@ -142,7 +148,8 @@ void StragglerWatch::complete(const std::string& group, int64_t seq, const Colle
   sample.last_created_ns = last->first;
   sample.last_rank = last->second;
   sample.lag_s = (static_cast<double>(last->first) - median(others)) / 1e9;
-  for (double other : others) sample.others_wait_s += (static_cast<double>(last->first) - other) / 1e9;
+  for (double other : others)
+    sample.others_wait_s += (static_cast<double>(last->first) - other) / 1e9;
   if (!others.empty()) sample.others_wait_s /= static_cast<double>(others.size());
   // How much later than the others it saw the previous collective complete: a last arrival
   // that much behind was late before its own work began (a slow link on its ring). Completions
@@ -151,20 +158,24 @@ void StragglerWatch::complete(const std::string& group, int64_t seq, const Colle
   if (previous_seq == seq - 1 && previous.contains(sample.last_rank)) {
     std::vector<double> others_done;
     for (const auto& [created, rank] : arrivals)
-      if (rank != sample.last_rank && previous.contains(rank)) others_done.push_back(static_cast<double>(previous.at(rank)));
+      if (rank != sample.last_rank && previous.contains(rank))
+        others_done.push_back(static_cast<double>(previous.at(rank)));
     if (!others_done.empty()) {
-      const double skew_s = (static_cast<double>(previous.at(sample.last_rank)) - median(others_done)) / 1e9;
+      const double skew_s =
+          (static_cast<double>(previous.at(sample.last_rank)) - median(others_done)) / 1e9;
       sample.late_from_previous = skew_s >= std::max(kCompletionSkewFloor, sample.lag_s / 2);
     }
   }
   previous_seq = seq;
   previous.clear();
-  for (const auto& [rank, done_ns] : collective.done_ns) previous[rank] = on_this_clock(rank, done_ns);
+  for (const auto& [rank, done_ns] : collective.done_ns)
+    previous[rank] = on_this_clock(rank, done_ns);
   samples_[group].push_back(sample);
   for (const auto& [created, rank] : arrivals) {
     RankArrivals& counts = arrivals_[rank];
     if (auto info = ranks_.find(rank); info != ranks_.end())
-      std::tie(counts.host, counts.local_rank) = std::tie(info->second.host, info->second.local_rank);
+      std::tie(counts.host, counts.local_rank) =
+          std::tie(info->second.host, info->second.local_rank);
     ++counts.collectives;
     counts.waited_s += static_cast<double>(last->first - created) / 1e9;
   }
@@ -193,13 +204,16 @@ RankActivity StragglerWatch::activity(int rank) const {
   const RankRecord& latest = history.back();
   activity.cpu_quota_cores = latest.cpu_quota_cores;
   const auto since = std::find_if(history.begin(), history.end(), [&](const RankRecord& record) {
-    return record.cpu_quota_cores == latest.cpu_quota_cores && record.cpu_periods <= latest.cpu_periods;
+    return record.cpu_quota_cores == latest.cpu_quota_cores &&
+           record.cpu_periods <= latest.cpu_periods;
   });
   if (latest.cpu_quota_cores > 0 && latest.cpu_periods > since->cpu_periods)
-    activity.throttled_share = static_cast<double>(latest.cpu_throttled_periods - since->cpu_throttled_periods) /
-                               static_cast<double>(latest.cpu_periods - since->cpu_periods);
-  const auto loading = std::count_if(history.begin(), history.end(),
-                                     [](const RankRecord& record) { return record.in_data_loader; });
+    activity.throttled_share =
+        static_cast<double>(latest.cpu_throttled_periods - since->cpu_throttled_periods) /
+        static_cast<double>(latest.cpu_periods - since->cpu_periods);
+  const auto loading = std::count_if(history.begin(), history.end(), [](const RankRecord& record) {
+    return record.in_data_loader;
+  });
   activity.data_loader_share = static_cast<double>(loading) / static_cast<double>(history.size());
   return activity;
 }
@@ -224,22 +238,27 @@ StragglerWatch::Cause StragglerWatch::cause_of(int rank) const {
     return {fmt::format("throttled by its cgroup's CPU quota ({}): throttled in {} of its periods",
                         own.cpu_quota_cores < 1 ? percent(own.cpu_quota_cores) + " of a core"
                                                 : fmt::format("{:g} cores", own.cpu_quota_cores),
-                        percent(own.throttled_share)), true};
+                        percent(own.throttled_share)),
+            true};
   const double others_delay = median(run_delay);
   if (own.run_delay_share >= kStarvedRunDelayShare &&
       own.run_delay_share >= kStarvedOverOthers * others_delay)
     return {fmt::format("starved of CPU: it waited for a CPU {} of the time, the others {}",
-                        percent(own.run_delay_share), percent(others_delay)), true};
+                        percent(own.run_delay_share), percent(others_delay)),
+            true};
   if (own.data_loader_share >= kDataLoaderShare &&
       own.data_loader_share >= kDataLoaderOverOthers * median(data_loader))
     return {fmt::format("in its data loader: {} of its samples were in torch's DataLoader",
-                        percent(own.data_loader_share)), true};
+                        percent(own.data_loader_share)),
+            true};
   if (own.cpu_share >= kComputeOverOthers * median(cpu) && own.cpu_share > 0)
     return {fmt::format("in its own compute: it used {} of a CPU, the others {}",
-                        percent(own.cpu_share), percent(median(cpu))), true};
+                        percent(own.cpu_share), percent(median(cpu))),
+            true};
   return {fmt::format("not in CPU work of its own (it used {} of a CPU, the others {}): a wait "
                       "between its collectives (I/O, a lock, a sleep, its GPU)",
-                      percent(own.cpu_share), percent(median(cpu))), false};
+                      percent(own.cpu_share), percent(median(cpu))),
+          false};
 }
 
 std::optional<StragglerEpisode> StragglerWatch::judge(int64_t wall_ns) const {
@@ -251,9 +270,11 @@ std::optional<StragglerEpisode> StragglerWatch::judge(int64_t wall_ns) const {
       samples = &its;
       group = &name;
     }
-  if (!samples || samples->size() < static_cast<size_t>(kMinStragglerCollectives)) return std::nullopt;
+  if (!samples || samples->size() < static_cast<size_t>(kMinStragglerCollectives))
+    return std::nullopt;
   // Half a window at least: the first steps (warm-up, first buckets) are no pattern.
-  if (static_cast<double>(wall_ns - samples->front().last_created_ns) / 1e9 < settings_.window_s / 2)
+  if (static_cast<double>(wall_ns - samples->front().last_created_ns) / 1e9 <
+      settings_.window_s / 2)
     return std::nullopt;
 
   // The window's step: its collectives' pace, by sequence number (thinned arrivals leave gaps),
@@ -264,10 +285,13 @@ std::optional<StragglerEpisode> StragglerWatch::judge(int64_t wall_ns) const {
     for (const auto& [rank, its] : periods->second) each.push_back(its);
     period = static_cast<int>(median(std::move(each)));
   }
-  auto [first_seq, last_seq] = std::minmax_element(
-      samples->begin(), samples->end(), [](const Sample& a, const Sample& b) { return a.seq < b.seq; });
-  const double span_s = static_cast<double>(samples->back().last_created_ns - samples->front().last_created_ns) / 1e9;
-  const double steps_in_span = period > 0 ? static_cast<double>(last_seq->seq - first_seq->seq) / period : 0;
+  auto [first_seq, last_seq] =
+      std::minmax_element(samples->begin(), samples->end(),
+                          [](const Sample& a, const Sample& b) { return a.seq < b.seq; });
+  const double span_s =
+      static_cast<double>(samples->back().last_created_ns - samples->front().last_created_ns) / 1e9;
+  const double steps_in_span =
+      period > 0 ? static_cast<double>(last_seq->seq - first_seq->seq) / period : 0;
   StragglerEpisode episode;
   episode.group = *group;
   if (steps_in_span >= 1) {
@@ -301,8 +325,9 @@ std::optional<StragglerEpisode> StragglerWatch::judge(int64_t wall_ns) const {
       ++from_previous[sample.last_rank].second;
     }
   }
-  const auto costliest = std::max_element(charged.begin(), charged.end(),
-                                          [](const auto& a, const auto& b) { return a.second < b.second; });
+  const auto costliest =
+      std::max_element(charged.begin(), charged.end(),
+                       [](const auto& a, const auto& b) { return a.second < b.second; });
   episode.rank = costliest->first;
   episode.cost_share = std::min(1.0, costliest->second / sampled_s);
   episode.wait_share = total_wait_s > 0 ? costliest->second / total_wait_s : 0;
@@ -312,11 +337,12 @@ std::optional<StragglerEpisode> StragglerWatch::judge(int64_t wall_ns) const {
   // others back at the first it reaches after its slow part only: count steps, not collectives.
   episode.share = std::min(1.0, static_cast<double>(its_lags.size()) / steps);
   episode.median_lag_s = median(its_lags);
-  spdlog::debug("straggler watch: group {}, {} collectives over {:.1f} s, step {:.3f} s, floor {:.3f} s: "
-                "rank {} cost the others {:.0f}% of the time ({:.0f}% of their waits) and held them "
-                "back at {} ({:.0f}% of the steps)",
-                *group, samples->size(), span_s, episode.step_s, floor, episode.rank,
-                100 * episode.cost_share, 100 * episode.wait_share, its_lags.size(), 100 * episode.share);
+  spdlog::debug(
+      "straggler watch: group {}, {} collectives over {:.1f} s, step {:.3f} s, floor {:.3f} s: "
+      "rank {} cost the others {:.0f}% of the time ({:.0f}% of their waits) and held them "
+      "back at {} ({:.0f}% of the steps)",
+      *group, samples->size(), span_s, episode.step_s, floor, episode.rank,
+      100 * episode.cost_share, 100 * episode.wait_share, its_lags.size(), 100 * episode.share);
   // Named when the others lose a real share of their time, to this rank above all, and not in a
   // rare event: an evaluation every 50 steps is the script's design.
   if (episode.cost_share < settings_.min_cost_share || episode.wait_share < kMostOfTheWaits ||
@@ -324,10 +350,12 @@ std::optional<StragglerEpisode> StragglerWatch::judge(int64_t wall_ns) const {
     return std::nullopt;
   // Late because the collective before finished last for it, at most steps where that is known:
   // a slow link on its ring, which the bandwidth watch names, not a rank slow in its own code.
-  if (const auto [previous, known] = from_previous[episode.rank]; known > 0 && 2 * previous > known) {
-    spdlog::debug("straggler watch: rank {} arrived late because the previous collective finished last "
-                  "for it at {} of {} timed steps: a slow collective or link, not a straggler",
-                  episode.rank, previous, known);
+  if (const auto [previous, known] = from_previous[episode.rank];
+      known > 0 && 2 * previous > known) {
+    spdlog::debug(
+        "straggler watch: rank {} arrived late because the previous collective finished last "
+        "for it at {} of {} timed steps: a slow collective or link, not a straggler",
+        episode.rank, previous, known);
     return std::nullopt;
   }
   if (auto info = ranks_.find(episode.rank); info != ranks_.end()) {
@@ -339,8 +367,10 @@ std::optional<StragglerEpisode> StragglerWatch::judge(int64_t wall_ns) const {
   // No cause of its own while the collectives it is in crawl: a slow link delays the end of a
   // collective on some ranks more than others, and the bandwidth watch names that link.
   if (!cause.its_own && bandwidth_.runs_slow(episode.group, episode.rank)) {
-    spdlog::debug("straggler watch: rank {} is late with no cause of its own while its collectives "
-                  "on group {} run slow: theirs, not a straggler", episode.rank, episode.group);
+    spdlog::debug(
+        "straggler watch: rank {} is late with no cause of its own while its collectives "
+        "on group {} run slow: theirs, not a straggler",
+        episode.rank, episode.group);
     return std::nullopt;
   }
   episode.cause = std::move(cause.text);
@@ -366,12 +396,15 @@ std::string StragglerWatch::describe(const StragglerEpisode& episode, bool chang
 std::optional<std::string> StragglerWatch::check(Clock::time_point now,
                                                  std::chrono::system_clock::time_point wall) {
   // By when the collectives happened, not when their arrivals were read (every few seconds).
-  const int64_t wall_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(wall.time_since_epoch()).count();
+  const int64_t wall_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(wall.time_since_epoch()).count();
   for (auto& [group, samples] : samples_) {
-    std::sort(samples.begin(), samples.end(),
-              [](const Sample& a, const Sample& b) { return a.last_created_ns < b.last_created_ns; });
+    std::sort(samples.begin(), samples.end(), [](const Sample& a, const Sample& b) {
+      return a.last_created_ns < b.last_created_ns;
+    });
     while (!samples.empty() &&
-           static_cast<double>(wall_ns - samples.front().last_created_ns) / 1e9 > settings_.window_s)
+           static_cast<double>(wall_ns - samples.front().last_created_ns) / 1e9 >
+               settings_.window_s)
       samples.pop_front();
   }
   std::optional<StragglerEpisode> found = judge(wall_ns);
@@ -390,9 +423,10 @@ std::optional<std::string> StragglerWatch::check(Clock::time_point now,
   if (!found) {
     current_ = false;
     const StragglerEpisode& ended = episodes_.back();
-    return fmt::format("straggler gone: rank {} no longer holds the others back (it did for {:.0f} s)",
-                       ended.rank, std::chrono::duration<double>(ended.last_seen - ended.first_seen).count() +
-                                       settings_.window_s);
+    return fmt::format(
+        "straggler gone: rank {} no longer holds the others back (it did for {:.0f} s)", ended.rank,
+        std::chrono::duration<double>(ended.last_seen - ended.first_seen).count() +
+            settings_.window_s);
   }
   const bool changed = current_;
   found->first_seen = found->last_seen = wall;

@@ -29,15 +29,15 @@ struct StragglerEpisode {
   int local_rank = -1;
   std::string group;
   std::chrono::system_clock::time_point first_seen, last_seen;
-  double share = 0;        ///< Of the window's steps at which it held the others back (arrived
-                           ///< last, by the lag floor or more); of its collectives if no step shows.
-  double cost_share = 0;   ///< Of the window's time the others spent waiting for it.
-  double wait_share = 0;   ///< Of all the others' waits in the window, the part it caused.
-  double median_lag_s = 0; ///< Behind the median of the others, where it was last.
-  int collectives = 0;     ///< At which it held the others back, in the window.
-  double step_s = 0;       ///< The job's step over the window, from its collectives' pace.
-  std::string cause;       ///< Where its time goes, in words.
-  int cause_pid = 0;       ///< Its process, for the node that runs it to look at (CPU hogs).
+  double share = 0;       ///< Of the window's steps at which it held the others back (arrived
+                          ///< last, by the lag floor or more); of its collectives if no step shows.
+  double cost_share = 0;  ///< Of the window's time the others spent waiting for it.
+  double wait_share = 0;  ///< Of all the others' waits in the window, the part it caused.
+  double median_lag_s = 0;  ///< Behind the median of the others, where it was last.
+  int collectives = 0;      ///< At which it held the others back, in the window.
+  double step_s = 0;        ///< The job's step over the window, from its collectives' pace.
+  std::string cause;        ///< Where its time goes, in words.
+  int cause_pid = 0;        ///< Its process, for the node that runs it to look at (CPU hogs).
 };
 
 /// A rank's collectives since the attempt began, as the store's host lined them up: what
@@ -45,10 +45,10 @@ struct StragglerEpisode {
 struct RankArrivals {
   std::string host;
   int local_rank = -1;
-  uint64_t collectives = 0;  ///< Completed ones it was in (every member's arrival seen).
-  uint64_t arrived_last = 0; ///< ...at which it arrived last.
-  double waited_s = 0;       ///< Summed over them: from its arrival to the last one's.
-  double lag_s = 0;          ///< At the latest it arrived last at: behind the others' median.
+  uint64_t collectives = 0;   ///< Completed ones it was in (every member's arrival seen).
+  uint64_t arrived_last = 0;  ///< ...at which it arrived last.
+  double waited_s = 0;        ///< Summed over them: from its arrival to the last one's.
+  double lag_s = 0;           ///< At the latest it arrived last at: behind the others' median.
 };
 
 /// A collective every member arrived at, for the picture of the last ones.
@@ -66,11 +66,11 @@ inline constexpr size_t kMaxPictureRows = 64;
 
 /// Where a rank's time went over the window, from its records.
 struct RankActivity {
-  double cpu_share = 0;        ///< CPU time per wall second.
-  double run_delay_share = 0;  ///< Waiting for a CPU per wall second.
-  double data_loader_share = 0;///< Records whose frames were in torch's data loader.
-  double cpu_quota_cores = 0;   ///< Its cgroup's CPU quota at its last record; 0: none.
-  double throttled_share = 0;   ///< Of its cgroup's periods, those in which it was throttled.
+  double cpu_share = 0;          ///< CPU time per wall second.
+  double run_delay_share = 0;    ///< Waiting for a CPU per wall second.
+  double data_loader_share = 0;  ///< Records whose frames were in torch's data loader.
+  double cpu_quota_cores = 0;    ///< Its cgroup's CPU quota at its last record; 0: none.
+  double throttled_share = 0;    ///< Of its cgroup's periods, those in which it was throttled.
 };
 
 class StragglerWatch {
@@ -104,8 +104,8 @@ class StragglerWatch {
     int64_t seq = 0;
     int64_t last_created_ns = 0;  ///< The last arrival, on this host's wall clock.
     int last_rank = 0;
-    double lag_s = 0;             ///< Behind the others' median arrival.
-    double others_wait_s = 0;     ///< The others' mean wait for it: what it cost them.
+    double lag_s = 0;          ///< Behind the others' median arrival.
+    double others_wait_s = 0;  ///< The others' mean wait for it: what it cost them.
     /// Its own gap from the previous collective's completion to this arrival was no longer than
     /// the others': it was late because the previous one finished last for it (a slow link on a
     /// ring), not from its own work. nullopt: completions unknown.
@@ -135,7 +135,8 @@ class StragglerWatch {
   };
   void complete(const std::string& group, int64_t seq, const Collective& collective);
   /// Its time from the last arrival to done, on this host's clock, to the bandwidth watch.
-  void time(const std::string& group, int64_t seq, const Collective& collective, int64_t last_arrival_ns);
+  void time(const std::string& group, int64_t seq, const Collective& collective,
+            int64_t last_arrival_ns);
   int64_t on_this_clock(int rank, int64_t rank_ns) const;
   std::optional<StragglerEpisode> judge(int64_t wall_ns) const;
   RankActivity activity(int rank) const;
@@ -150,11 +151,11 @@ class StragglerWatch {
 
   StragglerSettings settings_;
   std::map<int, int64_t> offset_ns_;  ///< Rank -> the smallest (received - sent) seen.
-  std::map<std::string, std::map<int64_t, Collective>> open_;    ///< group -> seq -> arrivals.
-  std::map<std::string, std::deque<Sample>> samples_;           ///< group -> completed, by age.
-  std::map<std::string, std::vector<int>> reporting_;           ///< group -> ranks seen in it.
-  std::map<std::string, std::map<int, double>> steps_;          ///< group -> rank -> its step.
-  std::map<std::string, std::map<int, int>> periods_;           ///< ...its collectives a step.
+  std::map<std::string, std::map<int64_t, Collective>> open_;  ///< group -> seq -> arrivals.
+  std::map<std::string, std::deque<Sample>> samples_;          ///< group -> completed, by age.
+  std::map<std::string, std::vector<int>> reporting_;          ///< group -> ranks seen in it.
+  std::map<std::string, std::map<int, double>> steps_;         ///< group -> rank -> its step.
+  std::map<std::string, std::map<int, int>> periods_;          ///< ...its collectives a step.
   std::map<int, std::deque<RankRecord>> history_;
   std::map<int, RankInfo> ranks_;
   std::map<int, RankArrivals> arrivals_;

@@ -61,6 +61,7 @@ def preflight_processes(tmp):
 
 sys.path.insert(0, os.path.join(REPO, "worker_helper"))
 from mcprun import _preflight as preflight  # noqa: E402  (its judging needs no torch)
+from mcprun import _preflight_verdict as verdict  # noqa: E402
 
 
 class Judging(unittest.TestCase):
@@ -82,38 +83,38 @@ class Judging(unittest.TestCase):
     def test_a_slow_node_is_named_and_a_uniformly_slow_job_is_not(self):
         nodes = {r: f"host{r}" for r in range(4)}
         slow = self.pairs(4, lambda a, b: 12e6 if 3 in (a, b) else 1.5e9)
-        faults = preflight.slow_faults(slow, nodes, [], judge_ranks=False)
+        faults = verdict.slow_faults(slow, nodes, [], judge_ranks=False)
         self.assertEqual([(f["what"], f["name"]) for f in faults], [("node", "host3")])
         uniform = self.pairs(4, lambda a, b: 12e6)
-        self.assertEqual(preflight.slow_faults(uniform, nodes, [], judge_ranks=False), [])
+        self.assertEqual(verdict.slow_faults(uniform, nodes, [], judge_ranks=False), [])
         noisy = self.pairs(4, lambda a, b: 1.5e9 / (3 if (a, b) == (1, 2) else 1))
-        self.assertEqual(preflight.slow_faults(noisy, nodes, [], judge_ranks=False), [])
+        self.assertEqual(verdict.slow_faults(noisy, nodes, [], judge_ranks=False), [])
         # Three nodes of one rank: the one pair without host2 outruns both of host2's.
         three = {r: f"host{r}" for r in range(3)}
-        faults = preflight.slow_faults(self.pairs(3, lambda a, b: 1e6 if 2 in (a, b) else 1e9),
+        faults = verdict.slow_faults(self.pairs(3, lambda a, b: 1e6 if 2 in (a, b) else 1e9),
                                        three, [], judge_ranks=False)
         self.assertEqual([(f["what"], f["name"]) for f in faults], [("node", "host2")])
         mixed = self.pairs(3, lambda a, b: {(0, 2): 1e6, (1, 2): 0.5e9}.get((a, b), 1e9))
-        self.assertEqual(preflight.slow_faults(mixed, three, [], judge_ranks=False), [])
+        self.assertEqual(verdict.slow_faults(mixed, three, [], judge_ranks=False), [])
         two = {r: f"host{r}" for r in range(2)}  # Nothing to compare the one pair with.
-        self.assertEqual(preflight.slow_faults(self.pairs(2, lambda a, b: 1e3), two, [], False), [])
+        self.assertEqual(verdict.slow_faults(self.pairs(2, lambda a, b: 1e3), two, [], False), [])
 
     def test_a_link_far_under_its_interfaces_speed_is_named_with_two_nodes_too(self):
         infos = lambda n: {r: {"speed_mbps": 10000} for r in range(n)}
         two = {r: f"host{r // 2}" for r in range(4)}  # Two nodes of two ranks.
         pairs = self.pairs(4, lambda a, b: 0.6e6 if two[a] != two[b] else 5e9)
-        faults = preflight.nominal_faults(pairs, infos(4), two, [])
+        faults = verdict.nominal_faults(pairs, infos(4), two, [])
         self.assertEqual([(f["kind"], f["what"], f["name"], f["ranks"]) for f in faults],
                          [("slow", "link", "host0 - host1", [0, 1, 2, 3])])
         three = {r: f"host{r}" for r in range(3)}
         pairs = self.pairs(3, lambda a, b: 0.6e6 if 2 in (a, b) else 1e9)
-        self.assertEqual([(f["what"], f["name"]) for f in preflight.nominal_faults(pairs, infos(3), three, [])],
+        self.assertEqual([(f["what"], f["name"]) for f in verdict.nominal_faults(pairs, infos(3), three, [])],
                          [("node", "host2")])
         # Named once: the relative rule found it first.
-        self.assertEqual(preflight.nominal_faults(pairs, infos(3), three, ["host2"]), [])
+        self.assertEqual(verdict.nominal_faults(pairs, infos(3), three, ["host2"]), [])
         # A loaded box's figures, and an interface that states no speed, name nothing.
-        self.assertEqual(preflight.nominal_faults(self.pairs(4, lambda a, b: 100e6), infos(4), two, []), [])
-        self.assertEqual(preflight.nominal_faults(self.pairs(4, lambda a, b: 1e3),
+        self.assertEqual(verdict.nominal_faults(self.pairs(4, lambda a, b: 100e6), infos(4), two, []), [])
+        self.assertEqual(verdict.nominal_faults(self.pairs(4, lambda a, b: 1e3),
                                                   {r: {"speed_mbps": None} for r in range(4)}, two, []), [])
 
     def test_sizes_left_out_or_unfinished_are_figures_not_bandwidths(self):
@@ -121,28 +122,28 @@ class Judging(unittest.TestCase):
                                               {"bytes": 262144, "unfinished": True}]}},
                  1: {"all-reduce": {"sizes": [{"bytes": 4096, "seconds": 0.02},
                                               {"bytes": 262144, "unfinished": True}]}}}
-        figures = preflight.all_reduce_figures(steps, [0, 1], 2)
+        figures = verdict.all_reduce_figures(steps, [0, 1], 2)
         self.assertEqual([(f["bytes"], f["seconds"]) for f in figures], [(4096, 0.02), (262144, None)])
         self.assertTrue(figures[1]["unfinished"])
-        self.assertEqual(preflight.size_figure(figures[1]), "unfinished at the deadline")
+        self.assertEqual(verdict.size_figure(figures[1]), "unfinished at the deadline")
         skipped = {"bytes": 16 << 20, "skipped": True, "predicted_s": 45.2}
-        self.assertEqual(preflight.size_figure(skipped), "not run (it would take ~45 s)")
+        self.assertEqual(verdict.size_figure(skipped), "not run (it would take ~45 s)")
 
     def test_a_rank_within_a_node_is_judged_on_gpus_only(self):
         one_node = {r: "box" for r in range(4)}
         pairs = self.pairs(4, lambda a, b: 2e9 if 1 in (a, b) else 20e9)
         self.assertEqual([(f["what"], f["name"]) for f in
-                          preflight.slow_faults(pairs, one_node, [], judge_ranks=True)],
+                          verdict.slow_faults(pairs, one_node, [], judge_ranks=True)],
                          [("rank", "rank 1")])
-        self.assertEqual(preflight.slow_faults(pairs, one_node, [], judge_ranks=False), [])
+        self.assertEqual(verdict.slow_faults(pairs, one_node, [], judge_ranks=False), [])
 
     def test_dead_pairs_are_explained_by_what_they_share(self):
         nodes = {r: f"host{r}" for r in range(4)}
         pairs = self.pairs(4, lambda a, b: None if 2 in (a, b) else 1e9)
-        faults = preflight.attribute_pairs([k for k, v in pairs.items() if v is None], pairs, nodes, "dead")
+        faults = verdict.attribute_pairs([k for k, v in pairs.items() if v is None], pairs, nodes, "dead")
         self.assertEqual([(f["what"], f["name"]) for f in faults], [("node", "host2")])
         pairs = self.pairs(4, lambda a, b: None if (a, b) == (0, 3) else 1e9)
-        faults = preflight.attribute_pairs([(0, 3)], pairs, nodes, "dead")
+        faults = verdict.attribute_pairs([(0, 3)], pairs, nodes, "dead")
         self.assertEqual([(f["what"], f["ranks"]) for f in faults], [("link", [0, 3])])
 
     def test_the_narrow_gpu_is_named_against_its_neighbours(self):
@@ -150,10 +151,10 @@ class Judging(unittest.TestCase):
         infos = {0: {"node": "box", "gpu": gpu("0000:1a:00.0", 16)},
                  1: {"node": "box", "gpu": gpu("0000:3b:00.0", 8)},
                  2: {"node": "box", "gpu": gpu("0000:5e:00.0", 16)}}
-        self.assertEqual([f["name"] for f in preflight.pcie_faults(infos)], ["GPU 0000:3b:00.0"])
+        self.assertEqual([f["name"] for f in verdict.pcie_faults(infos)], ["GPU 0000:3b:00.0"])
         for info in infos.values():
             info["gpu"]["link_width"] = 8  # Every slot x8: a figure, not a fault.
-        self.assertEqual(preflight.pcie_faults(infos), [])
+        self.assertEqual(verdict.pcie_faults(infos), [])
 
 
 class OneHost(LauncherTestCase):

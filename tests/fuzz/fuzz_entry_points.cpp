@@ -10,9 +10,9 @@
 
 #include "common/messages.hpp"
 #include "common/protocol.hpp"
-#include "launcher/watch/file_timer.hpp"
 #include "launcher/config/launch_config.hpp"
 #include "launcher/store/tcp_store.hpp"
+#include "launcher/watch/file_timer.hpp"
 
 namespace mcprun::fuzz {
 namespace {
@@ -74,25 +74,56 @@ std::string framed(const std::string& payload) {
 /// Real messages, as agents, the daemon, operators and workers send them.
 const std::vector<json>& real_messages() {
   static const std::vector<json> messages = {
-      {{"type", "join"}, {"job", "j"}, {"node", "a"}, {"nproc", 2}, {"master_port", 29500},
-       {"node_rank", -1}, {"labels", {{"rack", "r1"}}}, {"gpus", json::array()}, {"min_nodes", 1},
-       {"max_nodes", 2}, {"join_timeout_s", 120.0}, {"last_call_timeout_s", 5.0}, {"token", "t"},
+      {{"type", "join"},
+       {"job", "j"},
+       {"node", "a"},
+       {"nproc", 2},
+       {"master_port", 29500},
+       {"node_rank", -1},
+       {"labels", {{"rack", "r1"}}},
+       {"gpus", json::array()},
+       {"min_nodes", 1},
+       {"max_nodes", 2},
+       {"join_timeout_s", 120.0},
+       {"last_call_timeout_s", 5.0},
+       {"token", "t"},
        {"restart_count", 1}},
-      {{"type", "rejoin"}, {"job", "j"}, {"node", "a"}, {"nproc", 2}, {"min_nodes", 1}, {"max_nodes", 2},
-       {"assignment", {{"group_rank", 0}, {"group_world_size", 1}, {"world_size", 2},
-                       {"rank_offset", 0}, {"master_addr", "h"}, {"master_port", 1}}}},
-      {{"type", "lease"}, {"gpus", 1}, {"wait_s", 2.0}, {"job", "x"}, {"held_gpus", {"0:1"}}, {"held_port", 29500}},
+      {{"type", "rejoin"},
+       {"job", "j"},
+       {"node", "a"},
+       {"nproc", 2},
+       {"min_nodes", 1},
+       {"max_nodes", 2},
+       {"assignment",
+        {{"group_rank", 0},
+         {"group_world_size", 1},
+         {"world_size", 2},
+         {"rank_offset", 0},
+         {"master_addr", "h"},
+         {"master_port", 1}}}},
+      {{"type", "lease"},
+       {"gpus", 1},
+       {"wait_s", 2.0},
+       {"job", "x"},
+       {"held_gpus", {"0:1"}},
+       {"held_port", 29500}},
       {{"type", "status"}, {"job", "x"}, {"token", "t"}},
       {{"type", "barrier"}, {"name", "b"}, {"rank", 1}, {"timeout_s", 30.0}},
       {{"type", "failed"}, {"node", "a"}, {"reason", "r"}, {"exit_code", 7}},
       {{"type", "stall"}, {"kind", "init"}, {"what", "w"}, {"rank", 1}, {"arrived", {{"h", {1}}}}},
       {{"type", "stall_report"}, {"node", "a"}, {"ranks", json::array()}},
-      {{"type", "progress"}, {"joined", 1}, {"min_nodes", 1}, {"max_nodes", 2}, {"names", {"a"}}, {"remaining_s", 1.0}},
+      {{"type", "progress"},
+       {"joined", 1},
+       {"min_nodes", 1},
+       {"max_nodes", 2},
+       {"names", {"a"}},
+       {"remaining_s", 1.0}},
       {{"type", "lease"}, {"gpus", {"0:1"}}, {"port", 29500}, {"heartbeat_interval_ms", 5000}},
       {{"type", "hello"}, {"rank", 0}, {"pid", 1}},
       {{"type", "closed"}, {"message", "job j cannot restart"}},
       {{"type", "jobs"}, {"jobs", {{{"id", "x"}, {"nodes", 1}, {"age_s", 1.0}}}}},
-      {{"type", "status"}, {"job", {{"id", "x"}, {"placement", {{{"node", "a"}}}}, {"members", {{{"node", "a"}}}}}}},
+      {{"type", "status"},
+       {"job", {{"id", "x"}, {"placement", {{{"node", "a"}}}}, {"members", {{{"node", "a"}}}}}}},
   };
   return messages;
 }
@@ -118,8 +149,10 @@ void frames(const uint8_t* data, size_t size) {
       } else {
         auto it = message.begin();
         std::advance(it, index);
-        if (value.is_string() && rest.empty()) message.erase(it);  // Missing.
-        else *it = value;
+        if (value.is_string() && rest.empty())
+          message.erase(it);  // Missing.
+        else
+          *it = value;
       }
       message["v"] = kProtocolVersion;
       if (!message.contains("type") || !message["type"].is_string()) message["type"] = "join";
@@ -194,8 +227,10 @@ void job_file(const uint8_t* data, size_t size) {
 void command_line(const uint8_t* data, size_t size) {
   std::vector<std::string> args(1);
   for (size_t i = 0; i < size && args.size() < 64; ++i) {
-    if (data[i] == '\0') args.emplace_back();
-    else args.back() += static_cast<char>(data[i]);
+    if (data[i] == '\0')
+      args.emplace_back();
+    else
+      args.back() += static_cast<char>(data[i]);
   }
   static_cast<void>(parse_launch_config(args));
 }

@@ -67,6 +67,10 @@ import sys
 import threading
 import time
 
+from mcprun._cpu import CpuClock, cpu_quota
+from mcprun._debug import debug
+from mcprun._flight_recorder import collective_bytes, element_count, pg_status, step_of
+
 RECORD_VERSION = 1
 KEY_PREFIX = "mcprun/progress/"
 DUMP_REQUEST_KEY = "mcprun/flight_recorder/dump"
@@ -87,18 +91,11 @@ HOST = socket.gethostname()
 # The straggler watch's arrivals: read every this many records, at most this many per group.
 ARRIVALS_EVERY = 4
 MAX_ARRIVALS = 64
-MAX_COLLECTIVES_PER_STEP = 32
 MAX_NAME_CHARS = 80
 # How often the reporter reads its groups' statuses between records, to time completions:
 # gloo's recorder keeps no completion time, NCCL's only the watchdog's. A read costs ~7 us.
 COMPLETION_POLL_S = float(os.environ.get("MCPRUN_COMPLETION_POLL_S", "0.02"))
 MAX_COMPLETIONS = 512  # Per group: twice the recorder's entries.
-# Bytes per element of the Flight Recorder's dtype names; an unknown one counts 4.
-DTYPE_BYTES = {"Double": 8, "Long": 8, "ComplexFloat": 8, "ComplexDouble": 16, "Float": 4,
-               "Int": 4, "Half": 2, "BFloat16": 2, "Short": 2, "Byte": 1, "Char": 1, "Bool": 1,
-               "Float8_e4m3fn": 1, "Float8_e5m2": 1}
-# How often /proc is scanned for new descendants; known ones are read every interval.
-DESCENDANT_SCAN_S = 10.0
 # torch >= 2.x's Flight Recorder dumps: gloo and the other CPU backends, then NCCL (CUDA builds).
 FLIGHT_RECORDER_DUMPS = ("_dump_fr_trace_json", "_dump_nccl_trace_json")
 # The blocking calls of distributed_c10d.py, 1.13 and 2.13 (new_group: every rank must call it).
@@ -111,11 +108,6 @@ COLLECTIVES = frozenset({
     "reduce_scatter_multigpu", "reduce_scatter_single", "reduce_scatter_tensor", "scatter",
     "scatter_object_list", "send", "send_object_list", "_all_gather_base", "_reduce_scatter_base",
 })
-
-
-def debug(message):
-    if os.environ.get("MCPRUN_PROGRESS_DEBUG") == "1":
-        sys.stderr.write(f"mcprun progress: {message}\n")
 
 
 def run(main_thread_id, interval_s, adopt):
@@ -661,49 +653,6 @@ def outermost_backward(frame):
     return found
 
 
-def step_of(entries):
-    """(step ns, period) from {seq: (created ns, elements, ...)}: the smallest period P at which
-    the collectives' sizes repeat (DDP's buckets, then what the loop adds), and the median time
-    from one to the same one P later; (0, 0) when no period shows."""
-    for period in range(1, MAX_COLLECTIVES_PER_STEP + 1):
-        pairs = [(entries[seq], entries[seq + period]) for seq in entries if seq + period in entries]
-        steps = sorted(later[0] - first[0] for first, later in pairs if first[1] == later[1])
-        if len(pairs) >= 5 and len(steps) >= 0.75 * len(pairs):
-            return steps[len(steps) // 2], period
-    return 0, 0
-
-
-def element_count(sizes):
-    """The elements of a collective's inputs, from the Flight Recorder's input_sizes."""
-    total = 0
-    for shape in sizes or []:
-        count = 1
-        for dimension in shape:
-            count *= dimension
-        total += count
-    return total
-
-
-def pg_status(dump):
-    """The "pg_status" object of a Flight Recorder JSON dump, parsed alone: the dump's pg_config
-    lists every group's ranks, which a 16K-rank job makes a hundred kilobytes."""
-    dump = dump.decode() if isinstance(dump, bytes) else dump  # torch returns bytes.
-    at = dump.find('"pg_status"')
-    if at < 0:
-        return json.loads(dump).get("pg_status", {})
-    return json.JSONDecoder().raw_decode(dump, dump.index("{", at))[0]
-
-
-def collective_bytes(entry):
-    """What nccl-tests calls a collective's size: the larger of its inputs and outputs in bytes
-    (all-gather's whole output, reduce-scatter's whole input)."""
-    def total(sizes, dtypes):
-        return sum(element_count([shape]) * DTYPE_BYTES.get(dtype, 4)
-                   for shape, dtype in zip(sizes or [], dtypes or []))
-    return max(total(entry.get("input_sizes"), entry.get("input_dtypes")),
-               total(entry.get("output_sizes"), entry.get("output_dtypes")))
-
-
 def outermost_collective(frame):
     """The outermost frame of a torch.distributed collective on the stack (all_gather_object,
     not the all_gather it calls), or None."""
@@ -728,118 +677,3 @@ def backend_name(dist, group):
         return str(dist.get_backend(group))
     except Exception:
         return ""
-
-
-def cgroup_cpu_dirs():
-    """The folders of this process's cgroup that hold its CPU controller's files: (version, path)
-    for each of v2 (the unified hierarchy) and v1's cpu controller that the box mounts."""
-    mounts = {}  # "cpu" or "2" -> (mount root, mount point)
-    with open("/proc/self/mountinfo") as mountinfo:
-        for line in mountinfo:
-            fields = line.split()
-            dash = fields.index("-")
-            fstype, options = fields[dash + 1], fields[-1].split(",")
-            if fstype == "cgroup2":
-                mounts.setdefault("2", (fields[3], fields[4]))
-            elif fstype == "cgroup" and "cpu" in options:
-                mounts.setdefault("cpu", (fields[3], fields[4]))
-    dirs = []
-    with open("/proc/self/cgroup") as cgroup:
-        for line in cgroup:
-            hierarchy, controllers, path = line.rstrip("\n").split(":", 2)
-            key = "2" if hierarchy == "0" else "cpu" if "cpu" in controllers.split(",") else None
-            if key in mounts:
-                root, point = mounts[key]
-                relative = path[len(root):] if path.startswith(root) and root != "/" else path
-                dirs.append((key, point + relative.rstrip("/")))
-    return dirs
-
-
-def read_fields(path):
-    with open(path) as stat:
-        return dict(line.split() for line in stat if len(line.split()) == 2)
-
-
-def cpu_quota():
-    """[quota in cores, periods, throttled periods] of this process's cgroup; None without a
-    quota or where the files cannot be read."""
-    try:
-        for version, folder in cgroup_cpu_dirs():
-            if version == "2":
-                with open(os.path.join(folder, "cpu.max")) as cpu_max:
-                    quota, period = cpu_max.read().split()
-                if quota == "max":
-                    continue
-            else:
-                with open(os.path.join(folder, "cpu.cfs_quota_us")) as quota_file:
-                    quota = quota_file.read().strip()
-                with open(os.path.join(folder, "cpu.cfs_period_us")) as period_file:
-                    period = period_file.read().strip()
-                if int(quota) < 0:
-                    continue
-            stat = read_fields(os.path.join(folder, "cpu.stat"))
-            return [round(int(quota) / int(period), 3), int(stat["nr_periods"]), int(stat["nr_throttled"])]
-    except (OSError, ValueError, KeyError, IndexError) as error:
-        debug(f"no CPU quota read: {error!r}")
-    return None
-
-
-class CpuClock:
-    """CPU seconds of this process, its reaped children and its live descendants, from /proc;
-    and how long its main thread waited for a CPU it was ready to run on."""
-
-    @staticmethod
-    def run_delay_seconds():
-        """/proc/<pid>/schedstat's run-queue wait of the main thread (0 where the kernel keeps
-        no schedstats): a rank starved of CPU by another process waits there."""
-        try:
-            with open(f"/proc/{os.getpid()}/schedstat", "rb") as schedstat:
-                return int(schedstat.read().split()[1]) / 1e9
-        except (OSError, IndexError, ValueError):
-            return 0.0
-
-    def __init__(self):
-        self.ticks_per_s = os.sysconf("SC_CLK_TCK")
-        self.descendants = []  # (pid, start time): a pid reused by a stranger is not ours.
-        self.next_scan = 0.0
-
-    def seconds(self):
-        if time.monotonic() >= self.next_scan:
-            self.descendants = self.scan_descendants()
-            self.next_scan = time.monotonic() + DESCENDANT_SCAN_S
-        ticks = self.process_ticks(os.getpid())[0]
-        for pid, start in self.descendants:
-            descendant_ticks, descendant_start = self.process_ticks(pid)
-            if descendant_start == start:
-                ticks += descendant_ticks
-        return ticks / self.ticks_per_s
-
-    @staticmethod
-    def stat_fields(pid):
-        """/proc/<pid>/stat's fields after the command name, or None for a process gone."""
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as stat:
-                return stat.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            return None
-
-    def process_ticks(self, pid):
-        """(utime + stime + cutime + cstime, start time) of `pid`; (0, None) once it is gone."""
-        fields = self.stat_fields(pid)
-        if fields is None:
-            return 0, None
-        return sum(int(field) for field in fields[11:15]), fields[19]
-
-    def scan_descendants(self):
-        children = {}
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                fields = self.stat_fields(entry)
-                if fields is not None:
-                    children.setdefault(int(fields[1]), []).append((int(entry), fields[19]))
-        found, frontier = [], [os.getpid()]
-        while frontier:
-            for child in children.get(frontier.pop(), []):
-                found.append(child)
-                frontier.append(child[0])
-        return found
