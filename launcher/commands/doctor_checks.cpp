@@ -14,9 +14,8 @@
 #include "common/sys.hpp"
 #include "common/topology.hpp"
 #include "launcher/commands/doctor.hpp"
-#include "launcher/config/slurm.hpp"
-
 #include "launcher/commands/doctor_findings.hpp"
+#include "launcher/config/slurm.hpp"
 
 namespace mcprun {
 namespace fs = std::filesystem;
@@ -39,14 +38,6 @@ std::optional<long> parse_long(std::string_view text) {
   if (text.empty() || ec != std::errc() || end != text.data() + text.size()) return std::nullopt;
   return value;
 }
-
-
-
-
-
-
-
-
 
 /// "1,0": indices, unlike UUIDs, name a different card under each CUDA_DEVICE_ORDER.
 bool names_gpus_by_index(const std::string& visible) {
@@ -121,7 +112,6 @@ bool triggered(Trigger trigger, const std::string& value) {
   return false;
 }
 
-
 /// The GT/s number of "16.0 GT/s PCIe"; nullopt for "Unknown" or garbage.
 std::optional<double> link_speed_gts(const std::string& text) {
   try {
@@ -138,9 +128,6 @@ std::string short_speed(const std::string& text) {
   auto suffix = text.find(" PCIe");
   return suffix == std::string::npos ? text : text.substr(0, suffix);
 }
-
-
-
 
 }  // namespace
 

@@ -15,8 +15,8 @@
 #include "common/sys.hpp"
 #include "common/topology.hpp"
 #include "launcher/commands/doctor.hpp"
-#include "launcher/config/slurm.hpp"
 #include "launcher/commands/doctor_findings.hpp"
+#include "launcher/config/slurm.hpp"
 
 namespace mcprun {
 namespace fs = std::filesystem;
@@ -36,8 +36,6 @@ bool is_local(const std::string& address, DoctorProbes& probes) {
   return is_loopback(address) || probes.interface_of(address).has_value();
 }
 
-
-
 /// The master or the rendezvous host, as the other checks name and reach it.
 struct RouteTarget {
   std::string host;
@@ -54,8 +52,6 @@ std::optional<RouteTarget> route_target(const DoctorInputs& inputs) {
     return RouteTarget{inputs.master_addr, "MASTER_ADDR " + inputs.master_addr};
   return std::nullopt;
 }
-
-
 
 std::string describe_connect_error(const ConnectResult& result) {
   return result.error.empty() ? "unreachable" : result.error;
