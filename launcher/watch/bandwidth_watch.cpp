@@ -163,9 +163,10 @@ std::optional<std::string> BandwidthWatch::check(Clock::time_point now,
       kind.under_share = false;
       continue;
     }
-    // ...and stays slow for half a window: a burst of load on the box is no slow link.
+    // ...and stays slow for a third of a window: a burst of load on the box is no slow link, and
+    // a link that collapses is named within a minute of the default window, under ASan too.
     if (!kind.slow_since_ns) kind.slow_since_ns = wall_ns;
-    if (static_cast<double>(wall_ns - *kind.slow_since_ns) / 1e9 < settings_.window_s / 2) continue;
+    if (static_cast<double>(wall_ns - *kind.slow_since_ns) / 1e9 < settings_.window_s / 3) continue;
     if (!slowest ||
         busbw / slow.busbw_before < slowest->second.busbw_now / slowest->second.busbw_before)
       slowest.emplace(key, std::move(slow));
