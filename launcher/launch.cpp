@@ -2,10 +2,6 @@
 
 #include <unistd.h>
 
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <fstream>
 #include <iostream>
 
 #include "common/connection_limits.hpp"
@@ -13,20 +9,13 @@
 #include "common/endpoint.hpp"
 #include "common/event_loop.hpp"
 #include "common/exit_status.hpp"
-#include "common/expected.hpp"
 #include "common/logging.hpp"
-#include "common/prometheus_text.hpp"
-#include "common/protocol.hpp"
 #include "common/sys.hpp"
 #include "launcher/attempt_report.hpp"
-#include "launcher/commands/operator_command.hpp"
 #include "launcher/plan/descriptor_budget.hpp"
 #include "launcher/preflight_run.hpp"
 #include "launcher/rendezvous/node_join.hpp"
 #include "launcher/run_directory.hpp"
-#include "launcher/supervise/failure_report.hpp"
-#include "launcher/supervise/output_relay.hpp"
-#include "launcher/watch/stall_report.hpp"
 
 namespace mcprun {
 
