@@ -4,7 +4,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
+#include <map>
 
 namespace mcprun {
 namespace {
@@ -214,7 +216,7 @@ Parsed<JoinMessage> parse_join_fields(const json& message, const std::string& wh
     if (!gpus->is_array())
       fields.fail("gpus", std::string("must be an array, not ") + kind_of(*gpus));
     else
-      join.gpu_count = static_cast<int>(gpus->size());
+      join.gpus = *gpus;
   }
   if (!fields.error() && join.max_nodes < join.min_nodes)
     fields.fail("max_nodes", fmt::format("({}) must not be below \"min_nodes\" ({})",
@@ -285,9 +287,9 @@ Parsed<FailedNotice> parse_failed(const json& message) {
   return fields.result(std::move(notice));
 }
 
-Parsed<RelayedNotice> parse_stall(const json& message) {
+Parsed<StallMessage> parse_stall(const json& message) {
   Fields fields(message, "stall");
-  RelayedNotice notice;
+  StallMessage notice;
   std::string kind, barrier, noticed_on, node;
   int rank = 0;
   fields.optional("node", node)
@@ -303,27 +305,26 @@ Parsed<RelayedNotice> parse_stall(const json& message) {
   return notice;
 }
 
-Parsed<RelayedNotice> parse_stall_report(const json& message) {
+Parsed<StallReportMessage> parse_stall_report(const json& message) {
   Fields fields(message, "stall_report");
-  std::string node;
-  fields.optional("node", node);
+  StallReportMessage report;
+  fields.optional("node", report.node);
   const json* ranks = fields.raw("ranks", true);
   if (ranks && !ranks->is_array())
     fields.fail("ranks", std::string("must be an array, not ") + kind_of(*ranks));
   if (fields.error()) return Error{*fields.error()};
-  return RelayedNotice{message, ""};
+  report.ranks = *ranks;
+  return report;
 }
 
-Parsed<RelayedNotice> parse_straggler(const json& message) {
+Parsed<StragglerMessage> parse_straggler(const json& message) {
   Fields fields(message, "straggler");
-  RelayedNotice notice;
-  std::string node;
-  fields.optional("node", node).required("line", notice.what);
-  if (notice.what.size() > kMaxStragglerLine)
-    fields.fail("line", fmt::format("is {} bytes, over {}", notice.what.size(), kMaxStragglerLine));
-  if (fields.error()) return Error{*fields.error()};
-  notice.body = message;
-  return notice;
+  StragglerMessage straggler;
+  fields.optional("node", straggler.node).required("line", straggler.line);
+  if (straggler.line.size() > kMaxStragglerLine)
+    fields.fail("line",
+                fmt::format("is {} bytes, over {}", straggler.line.size(), kMaxStragglerLine));
+  return fields.result(std::move(straggler));
 }
 
 Parsed<PaceMessage> parse_pace(const json& message) {
@@ -351,18 +352,56 @@ Parsed<ProgressMessage> parse_progress(const json& message) {
   return fields.result(std::move(progress));
 }
 
-Parsed<NodeNotice> parse_node_notice(const json& message) {
-  Fields fields(message, message_type(message));
-  NodeNotice notice;
+namespace {
+
+/// A message whose one optional field is a node's name.
+template <class Notice>
+Parsed<Notice> parse_node_field(const json& message, const char* type) {
+  Fields fields(message, type);
+  Notice notice;
   fields.optional("node", notice.node);
   return fields.result(std::move(notice));
 }
 
-Parsed<TextMessage> parse_text(const json& message) {
-  Fields fields(message, message_type(message));
-  TextMessage text;
+/// A message whose one optional field is a line for the user.
+template <class Text>
+Parsed<Text> parse_message_field(const json& message, const char* type) {
+  Fields fields(message, type);
+  Text text;
   fields.optional("message", text.message);
   return fields.result(std::move(text));
+}
+
+}  // namespace
+
+Parsed<MembershipNotice> parse_membership(const json& message) {
+  return parse_node_field<MembershipNotice>(message, "membership");
+}
+
+Parsed<LostNotice> parse_lost(const json& message) {
+  return parse_node_field<LostNotice>(message, "lost");
+}
+
+Parsed<ErrorMessage> parse_error(const json& message) {
+  return parse_message_field<ErrorMessage>(message, "error");
+}
+
+Parsed<ClosedNotice> parse_closed(const json& message) {
+  return parse_message_field<ClosedNotice>(message, "closed");
+}
+
+Parsed<QueuedNotice> parse_queued(const json& message) {
+  return parse_message_field<QueuedNotice>(message, "queued");
+}
+
+Parsed<ClockReply> parse_clock_reply(const json& message) {
+  Fields fields(message, "clock");
+  ClockReply clock;
+  if (const json* time = fields.raw("unix_time_ns", true); time && !time->is_number_integer())
+    fields.fail("unix_time_ns", std::string("must be an integer, not ") + kind_of(*time));
+  else if (time)
+    clock.unix_time_ns = time->get<int64_t>();
+  return fields.result(clock);
 }
 
 Parsed<BarrierDone> parse_barrier_done(const json& message) {
@@ -430,11 +469,11 @@ bool read_list(Fields& fields, const char* name, bool required, std::vector<Item
 
 }  // namespace
 
-Parsed<std::vector<JobSummary>> parse_jobs_reply(const json& message) {
+Parsed<JobsReply> parse_jobs_reply(const json& message) {
   Fields fields(message, "jobs");
-  std::vector<JobSummary> jobs;
-  read_list(fields, "jobs", true, jobs, read_summary);
-  return fields.result(std::move(jobs));
+  JobsReply reply;
+  read_list(fields, "jobs", true, reply.jobs, read_summary);
+  return fields.result(std::move(reply));
 }
 
 Parsed<JobStatus> parse_status_reply(const json& message) {
@@ -444,7 +483,8 @@ Parsed<JobStatus> parse_status_reply(const json& message) {
   Fields fields(*job, "status: field \"job\"");
   JobStatus status;
   read_summary(fields, status.summary);
-  fields.number("min_nodes", status.min_nodes, false, 0, kMaxCount)
+  fields.number("generation", status.generation, false, 0, std::numeric_limits<int>::max())
+      .number("min_nodes", status.min_nodes, false, 0, kMaxCount)
       .number("max_nodes", status.max_nodes, false, 0, kMaxCount)
       .optional("master", status.master);
   read_list(fields, "placement", false, status.placement, [](Fields& item, JobPlacementLine& line) {
@@ -459,6 +499,291 @@ Parsed<JobStatus> parse_status_reply(const json& message) {
         .optional("done", member.done);
   });
   return fields.result(std::move(status));
+}
+
+Parsed<StoppedReply> parse_stopped_reply(const json& message) {
+  Fields fields(message, "stopped");
+  StoppedReply reply;
+  fields.required("job", reply.job);
+  return fields.result(std::move(reply));
+}
+
+// ---- encoding ----
+
+namespace {
+
+json typed(const char* type) { return {{"type", type}}; }
+
+json assignment_fields(const AssignmentMessage& assignment) {
+  return {
+      {"group_rank", assignment.group_rank},   {"group_world_size", assignment.group_world_size},
+      {"world_size", assignment.world_size},   {"rank_offset", assignment.rank_offset},
+      {"master_addr", assignment.master_addr}, {"master_port", assignment.master_port}};
+}
+
+json summary_fields(const JobSummary& job) {
+  return {{"id", job.id},       {"owner", job.owner}, {"nodes", job.nodes},
+          {"ranks", job.ranks}, {"state", job.state}, {"age_s", job.age_s}};
+}
+
+/// Adds "node" where the daemon set it: a sender's own node is the connection's, not a field.
+void add_node(json& message, const std::string& node) {
+  if (!node.empty()) message["node"] = node;
+}
+
+}  // namespace
+
+json encode(const JoinMessage& join) {
+  json message = typed(join.assignment ? "rejoin" : "join");
+  message.update({{"job", join.job},
+                  {"node", join.node},
+                  {"nproc", join.nproc},
+                  {"node_rank", join.node_rank},
+                  {"master_port", join.master_port},
+                  {"labels", join.labels},
+                  {"gpus", join.gpus},
+                  {"min_nodes", join.min_nodes},
+                  {"max_nodes", join.max_nodes},
+                  {"join_timeout_s", join.join_timeout_s},
+                  {"last_call_timeout_s", join.last_call_timeout_s},
+                  {"restart_count", join.restart_count},
+                  {"progress", join.progress}});
+  if (!join.token.empty()) message["token"] = join.token;
+  if (!join.addr.empty()) message["addr"] = join.addr;
+  if (join.assignment) message["assignment"] = assignment_fields(*join.assignment);
+  return message;
+}
+
+json encode(const HeartbeatMessage&) { return typed("heartbeat"); }
+json encode(const DoneMessage&) { return typed("done"); }
+json encode(const ClockRequest&) { return typed("clock"); }
+
+json encode(const LeaseRequest& lease) {
+  json message = typed("lease");
+  message.update({{"gpus", lease.gpus}, {"wait_s", lease.wait_s}, {"job", lease.job}});
+  if (lease.held)
+    message.update({{"held_gpus", lease.held->gpus}, {"held_port", lease.held->port}});
+  return message;
+}
+
+json encode(const OperatorRequest& request) {
+  json message = typed(request.type.c_str());
+  if (!request.job.empty()) message["job"] = request.job;
+  if (!request.token.empty()) message["token"] = request.token;
+  return message;
+}
+
+json encode(const BarrierArrival& arrival) {
+  json message = typed("barrier");
+  message.update({{"name", arrival.name}, {"rank", arrival.rank}});
+  return message;
+}
+
+json encode(const FailedNotice& failed) {
+  json message = typed("failed");
+  message.update({{"reason", failed.reason}, {"exit_code", failed.exit_code}});
+  add_node(message, failed.node);
+  return message;
+}
+
+json encode(const StallMessage& stall) {
+  json message = stall.body;
+  message["type"] = "stall";
+  return message;
+}
+
+json encode(const StallReportMessage& report) {
+  json message = typed("stall_report");
+  message["ranks"] = report.ranks;
+  add_node(message, report.node);
+  return message;
+}
+
+json encode(const StragglerMessage& straggler) {
+  json message = typed("straggler");
+  message["line"] = straggler.line;
+  add_node(message, straggler.node);
+  return message;
+}
+
+json encode(const JoinedMessage&) { return typed("joined"); }
+
+json encode(const PaceMessage& pace) {
+  json message = typed("pace");
+  if (pace.heartbeat_interval_ms > 0) message["heartbeat_interval_ms"] = pace.heartbeat_interval_ms;
+  return message;
+}
+
+json encode(const AssignmentMessage& assignment) {
+  json message = typed("assignment");
+  message.update(assignment_fields(assignment));
+  return message;
+}
+
+json encode(const ProgressMessage& progress) {
+  json message = typed("progress");
+  message.update({{"joined", progress.joined},
+                  {"min_nodes", progress.min_nodes},
+                  {"max_nodes", progress.max_nodes},
+                  {"names", progress.names},
+                  {"remaining_s", progress.remaining_s}});
+  return message;
+}
+
+json encode(const MembershipNotice& notice) {
+  return {{"type", "membership"}, {"node", notice.node}};
+}
+json encode(const LostNotice& notice) { return {{"type", "lost"}, {"node", notice.node}}; }
+json encode(const ErrorMessage& error) { return {{"type", "error"}, {"message", error.message}}; }
+json encode(const ClosedNotice& closed) {
+  return {{"type", "closed"}, {"message", closed.message}};
+}
+json encode(const QueuedNotice& queued) {
+  return {{"type", "queued"}, {"message", queued.message}};
+}
+json encode(const FailureNoted&) { return typed("noted"); }
+json encode(const BarrierDone& done) { return {{"type", "barrier_done"}, {"name", done.name}}; }
+json encode(const ClockReply& clock) {
+  return {{"type", "clock"}, {"unix_time_ns", clock.unix_time_ns}};
+}
+json encode(const LeaseGrant& grant) {
+  return {{"type", "lease"}, {"gpus", grant.gpus}, {"port", grant.port}};
+}
+
+json encode(const JobsReply& reply) {
+  json jobs = json::array();
+  for (const JobSummary& job : reply.jobs) jobs.push_back(summary_fields(job));
+  return {{"type", "jobs"}, {"jobs", jobs}};
+}
+
+json encode(const JobStatus& status) {
+  json job = summary_fields(status.summary);
+  job.update({{"generation", status.generation},
+              {"min_nodes", status.min_nodes},
+              {"max_nodes", status.max_nodes}});
+  json members = json::array();
+  for (const JobMember& member : status.members)
+    members.push_back(
+        {{"node", member.node}, {"connected", member.connected}, {"done", member.done}});
+  job["members"] = members;
+  if (!status.master.empty()) {
+    job["master"] = status.master;
+    json placement = json::array();
+    for (const JobPlacementLine& line : status.placement)
+      placement.push_back({{"node", line.node},
+                           {"addr", line.addr},
+                           {"group_rank", line.group_rank},
+                           {"ranks", line.ranks}});
+    job["placement"] = placement;
+  }
+  return {{"type", "status"}, {"job", job}};
+}
+
+json encode(const StoppedReply& reply) { return {{"type", "stopped"}, {"job", reply.job}}; }
+
+json encode(const HelloMessage& hello) {
+  return {{"type", "hello"}, {"rank", hello.rank}, {"pid", hello.pid}};
+}
+
+json encode(const BarrierRequest& request) {
+  return {{"type", "barrier"}, {"name", request.name}, {"timeout_s", request.timeout_s}};
+}
+
+json encode(const AgentMessage& message) {
+  return std::visit([](const auto& typed_message) { return encode(typed_message); }, message);
+}
+
+// ---- decoding by type ----
+
+namespace {
+
+/// The decoders of one end's messages, by "type".
+template <class Variant>
+using DecoderTable =
+    std::map<std::string, std::function<Parsed<Variant>(const json&)>, std::less<>>;
+
+/// A decoder of the variant from one type's parse function.
+template <class Variant, class Message>
+std::function<Parsed<Variant>(const json&)> into(Parsed<Message> (*parse)(const json&)) {
+  return [parse](const json& message) -> Parsed<Variant> {
+    auto parsed = parse(message);
+    if (!parsed) return Error{"malformed " + parsed.error().message};
+    return Variant(std::move(*parsed));
+  };
+}
+
+/// A decoder of a message with no fields.
+template <class Variant, class Message>
+std::function<Parsed<Variant>(const json&)> empty() {
+  return [](const json&) -> Parsed<Variant> { return Variant(Message{}); };
+}
+
+template <class Variant>
+Parsed<Variant> decode_with(const DecoderTable<Variant>& table, const json& message) {
+  const std::string type = message_type(message);
+  auto decoder = table.find(type);
+  if (decoder == table.end()) return Error{"unknown message type '" + type + "'"};
+  return decoder->second(message);
+}
+
+}  // namespace
+
+Parsed<AgentMessage> decode_agent_message(const json& message) {
+  using V = AgentMessage;
+  static const DecoderTable<V> table = {
+      {"join", into<V>(parse_join)},
+      {"rejoin", into<V>(parse_rejoin)},
+      {"heartbeat", empty<V, HeartbeatMessage>()},
+      {"done", empty<V, DoneMessage>()},
+      {"failed", into<V>(parse_failed)},
+      {"stall", into<V>(parse_stall)},
+      {"stall_report", into<V>(parse_stall_report)},
+      {"straggler", into<V>(parse_straggler)},
+      {"barrier", into<V>(parse_barrier_arrival)},
+      {"clock", empty<V, ClockRequest>()},
+      {"lease", into<V>(parse_lease_request)},
+      {"jobs", into<V>(parse_operator_request)},
+      {"status", into<V>(parse_operator_request)},
+      {"stop", into<V>(parse_operator_request)},
+  };
+  return decode_with(table, message);
+}
+
+Parsed<RendezvousMessage> decode_rendezvous_message(const json& message) {
+  using V = RendezvousMessage;
+  static const DecoderTable<V> table = {
+      {"joined", empty<V, JoinedMessage>()},
+      {"assignment", into<V>(parse_assignment)},
+      {"pace", into<V>(parse_pace)},
+      {"progress", into<V>(parse_progress)},
+      {"membership", into<V>(parse_membership)},
+      {"lost", into<V>(parse_lost)},
+      {"failed", into<V>(parse_failed)},
+      {"error", into<V>(parse_error)},
+      {"closed", into<V>(parse_closed)},
+      {"noted", empty<V, FailureNoted>()},
+      {"stall", into<V>(parse_stall)},
+      {"stall_report", into<V>(parse_stall_report)},
+      {"straggler", into<V>(parse_straggler)},
+      {"barrier_done", into<V>(parse_barrier_done)},
+      {"clock", into<V>(parse_clock_reply)},
+      {"lease", into<V>(parse_lease_grant)},
+      {"queued", into<V>(parse_queued)},
+      {"jobs", into<V>(parse_jobs_reply)},
+      {"status", into<V>(parse_status_reply)},
+      {"stopped", into<V>(parse_stopped_reply)},
+  };
+  return decode_with(table, message);
+}
+
+Parsed<WorkerMessage> decode_worker_message(const json& message) {
+  using V = WorkerMessage;
+  static const DecoderTable<V> table = {
+      {"hello", into<V>(parse_hello)},
+      {"heartbeat", empty<V, HeartbeatMessage>()},
+      {"barrier", into<V>(parse_barrier_request)},
+  };
+  return decode_with(table, message);
 }
 
 }  // namespace mcprun

@@ -1,4 +1,5 @@
-// The agent <-> rendezvousd wire format: length-prefixed JSON frames with a hard size cap.
+// The agent <-> rendezvousd wire format: length-prefixed JSON frames with a hard size cap. Each
+// message below is a struct of common/messages.hpp, encoded and parsed there.
 //
 // A frame is a 4-byte big-endian payload length followed by that many bytes of UTF-8 JSON. Every
 // payload is an object {"v": kProtocolVersion, "type": "<message>", ...}. Messages:
@@ -13,7 +14,7 @@
 //   joined     daemon->agent  heartbeat_interval_ms: the join was accepted; heartbeat this often
 //                             (a third of the lease, longer where the agents the daemon holds
 //                             would pass its max_heartbeats_per_second)
-//   assignment daemon->agent  round, group_rank, group_world_size, world_size, rank_offset,
+//   assignment daemon->agent  group_rank, group_world_size, world_size, rank_offset,
 //                             master_addr, master_port (no node list: that would make a round
 //                             of N agents cost N^2 bytes), heartbeat_interval_ms (the pace for
 //                             the agents the daemon holds now, never shorter than the joined one)
@@ -26,7 +27,10 @@
 //                             (on a terminal)
 //   membership daemon->agent  node: a node joins a running elastic job; re-join for a new round
 //   lost       daemon->agent  node: that node's agent vanished or went silent past its lease
-//   failed     both ways      job, node, reason: a worker failed; every agent stops its group
+//   failed     both ways      reason, exit_code [, node: set by the daemon when it relays]: a
+//                             worker failed; every agent stops its group
+//   noted      daemon->agent  (no fields): the failure was heard and relayed; the node decides
+//   closed     daemon->agent  message: the job cannot restart (another node finished)
 //   error      daemon->agent  message: the request was refused (bad token, timeout, ...)
 //   stall      both ways      kind, what, noticed_on, [barrier, rank, arrived{addr: "ports"},
 //                             arrived_left_out (hosts whose ports did not fit),
@@ -53,6 +57,12 @@
 //   queued     daemon->agent  message: not granted yet; the request waits up to wait_s, behind
 //                             every older request for GPUs (the message names who holds and
 //                             who waits first)
+//   straggler  both ways      line [, node]: the store host's straggler or slow-collective line,
+//                             for every other node's console
+//   jobs, status, stop  operator->daemon  token [, job]: `mcprun jobs|status|stop`
+//   jobs, status, stopped  daemon->operator  jobs[{id, owner, state, nodes, ranks, age_s}],
+//                             job{... generation, min_nodes, max_nodes, master, placement[],
+//                             members[]}, job: the answers
 #pragma once
 
 #include <cstdint>

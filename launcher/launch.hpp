@@ -108,7 +108,7 @@ class Launch {
   long descriptor_limit_ = 0;  ///< RLIMIT_NOFILE once raised: what the plan must fit in.
   std::optional<RankPlan> plan_;
   std::unique_ptr<RendezvousServer> embedded_;
-  nlohmann::json join_;
+  JoinMessage join_;  ///< This node's join, sent again (with its restart count) each round.
   std::unique_ptr<RunDirectory> run_dir_;
   std::unique_ptr<StallWatch> watch_;
   /// The job's c10d store, served by the master node: every env:// init depends on it, and the

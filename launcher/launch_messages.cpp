@@ -33,9 +33,9 @@ void Launch::tell_other_nodes_of_failures_and_stalls() {
     std::vector<RankProgress> local = watch_->diagnose(notice, workers);
     add_stall_hints(node_facts(), workers, local);
     if (rendezvous_) {
-      nlohmann::json ranks = nlohmann::json::array();
-      for (const RankProgress& rank : local) ranks.push_back(to_json(rank));
-      rendezvous_->send({{"type", "stall_report"}, {"ranks", ranks}});
+      StallReportMessage report;
+      for (const RankProgress& rank : local) report.ranks.push_back(to_json(rank));
+      rendezvous_->send(report);
     }
     summary_.stall_ranks.insert(summary_.stall_ranks.end(), local.begin(), local.end());
   });
@@ -64,14 +64,12 @@ PeerEvents Launch::peer_events() {
     if (line.starts_with("slow collective:"))
       watch_->check_links();  // Is this node's link the slow one?
   };
-  events.on_stall_report = [this](const nlohmann::json& message) {
-    reported_nodes_.insert(message.value("node", std::string("?")));
+  events.on_stall_report = [this](const std::string& node, const nlohmann::json& ranks) {
+    reported_nodes_.insert(node.empty() ? "?" : node);
     try {
-      for (const auto& rank : message.at("ranks"))
-        summary_.stall_ranks.push_back(rank_progress_from_json(rank));
+      for (const auto& rank : ranks) summary_.stall_ranks.push_back(rank_progress_from_json(rank));
     } catch (const std::exception& bad) {
-      spdlog::warn("node {} sent a malformed stall report: {}",
-                   message.value("node", std::string("?")), bad.what());
+      spdlog::warn("node {} sent a malformed stall report: {}", node, bad.what());
     }
   };
   events.on_barrier_done = [this](const std::string& name) { watch_->complete_barrier(name); };
@@ -89,20 +87,18 @@ StallHooks Launch::stall_hooks() {
       draw_collectives("stall", notice.what,
                        {notice.collective->missing.begin(), notice.collective->missing.end()});
     if (rendezvous_) {
-      nlohmann::json message = to_frame_json(notice, kStallNoticeBytes);
-      message["type"] = "stall";
-      rendezvous_->send(message);
+      rendezvous_->send(StallMessage{to_frame_json(notice, kStallNoticeBytes), notice.what});
     }
     group_->request_stall(notice);
   };
   hooks.workers = [this] { return group_->status(); };
   if (rendezvous_) {
     hooks.forward_barrier_arrival = [this](const std::string& name, int rank) {
-      rendezvous_->send({{"type", "barrier"}, {"name", name}, {"rank", rank}});
+      rendezvous_->send(BarrierArrival{name, rank});
     };
   }
   hooks.on_straggler_line = [this](const std::string& line) {
-    if (rendezvous_) rendezvous_->send({{"type", "straggler"}, {"line", line}});
+    if (rendezvous_) rendezvous_->send(StragglerMessage{"", line});
     draw_collectives("straggler", line, {});
   };
   return hooks;

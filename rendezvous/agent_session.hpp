@@ -14,6 +14,7 @@
 
 #include "common/framed_session.hpp"
 #include "common/logging.hpp"
+#include "common/messages.hpp"
 #include "rendezvous/server_settings.hpp"
 
 namespace mcprun {
@@ -48,7 +49,7 @@ class AgentSession : public FramedSession {
   /// Sends a last error message, then closes once it is written.
   void refuse(const std::string& reason) {
     spdlog::warn("{}: {}", peer(), reason);
-    reply_and_close({{"type", "error"}, {"message", reason}});
+    reply_and_close(encode(ErrorMessage{reason}));
   }
 
   /// Sends a last message (an operator request's answer), then closes once it is written.

@@ -42,19 +42,18 @@ void RendezvousServer::handle_operator(const std::shared_ptr<AgentSession>& sess
   }
   const auto now = Clock::now();
   auto describe = [&](const std::string& id, const Job& job) {
-    nlohmann::json json{{"id", id},
-                        {"owner", job.owner ? user_name(*job.owner) : "remote"},
-                        {"nodes", job.members.size()},
-                        {"ranks", job.world_size},
-                        {"state", state_of(job.running, job.finished)},
-                        {"age_s", std::chrono::duration<double>(now - job.created_at).count()}};
-    return json;
+    return JobSummary{id,
+                      job.owner ? user_name(*job.owner) : "remote",
+                      state_of(job.running, job.finished),
+                      static_cast<int>(job.members.size()),
+                      job.world_size,
+                      std::chrono::duration<double>(now - job.created_at).count()};
   };
   if (type == "jobs") {
-    nlohmann::json jobs = nlohmann::json::array();
+    JobsReply reply;
     for (const auto& [id, job] : jobs_)
-      if (may_access(*session, job)) jobs.push_back(describe(id, job));
-    return session->reply_and_close({{"type", "jobs"}, {"jobs", jobs}});
+      if (may_access(*session, job)) reply.jobs.push_back(describe(id, job));
+    return session->reply_and_close(encode(reply));
   }
 
   const std::string& id = request.job;
@@ -65,29 +64,23 @@ void RendezvousServer::handle_operator(const std::shared_ptr<AgentSession>& sess
     return session->refuse("job " + id + " belongs to " + user_name(*job.owner) +
                            "; only that user or root may see or stop it");
   if (type == "status") {
-    nlohmann::json status = describe(id, job);
-    status["generation"] = job.generation;
-    status["min_nodes"] = job.settings.min_nodes;
-    status["max_nodes"] = job.settings.max_nodes;
-    nlohmann::json nodes = nlohmann::json::array();
+    JobStatus status;
+    status.summary = describe(id, job);
+    status.generation = static_cast<int>(job.generation);
+    status.min_nodes = job.settings.min_nodes;
+    status.max_nodes = job.settings.max_nodes;
     for (const auto& [name, member] : job.members)
-      nodes.push_back({{"node", name},
-                       {"connected", !member.expired()},
-                       {"done", job.done_nodes.contains(name)}});
-    status["members"] = nodes;
+      status.members.push_back({name, !member.expired(), job.done_nodes.contains(name)});
     if (job.running && job.round && job.round->state() == RendezvousRound::State::kComplete) {
       const RoundResult& result = job.round->result();
-      status["master"] = fmt::format("{}:{}", result.master_addr, result.master_port);
-      nlohmann::json placement = nlohmann::json::array();
+      status.master = fmt::format("{}:{}", result.master_addr, result.master_port);
       for (const NodeAssignment& node : result.nodes)
-        placement.push_back(
-            {{"node", node.node},
-             {"addr", node.addr},
-             {"group_rank", node.group_rank},
-             {"ranks", fmt::format("{}-{}", node.rank_offset, node.rank_offset + node.nproc - 1)}});
-      status["placement"] = placement;
+        status.placement.push_back(
+            {node.node, node.addr,
+             fmt::format("{}-{}", node.rank_offset, node.rank_offset + node.nproc - 1),
+             node.group_rank});
     }
-    return session->reply_and_close({{"type", "status"}, {"job", status}});
+    return session->reply_and_close(encode(status));
   }
   // stop
   if (job.finished) return session->refuse("job " + id + " has already ended");
@@ -95,14 +88,11 @@ void RendezvousServer::handle_operator(const std::shared_ptr<AgentSession>& sess
   const std::string reason = "stopped by " + who + " with mcprun stop";
   spdlog::warn("job {}: {}", id, reason);
   if (job.running)
-    broadcast(job, {{"type", "failed"},
-                    {"node", "rendezvousd"},
-                    {"reason", reason},
-                    {"exit_code", exit_code_for_signal(SIGTERM)}});
+    broadcast(job, encode(FailedNotice{"rendezvousd", reason, exit_code_for_signal(SIGTERM)}));
   else
-    broadcast(job, {{"type", "error"}, {"message", "job " + id + " was " + reason}});
+    broadcast(job, encode(ErrorMessage{"job " + id + " was " + reason}));
   finish(id);
-  session->reply_and_close({{"type", "stopped"}, {"job", id}});
+  session->reply_and_close(encode(StoppedReply{id}));
 }
 
 }  // namespace mcprun

@@ -152,125 +152,114 @@ void RendezvousServer::admit(asio::generic::stream_protocol::socket socket, std:
   session->start();
 }
 
-namespace {
-
-/// Runs `handle` on the parsed message, or refuses the connection with the parse error.
-template <class Message, class Handle>
-void parsed_or_refused(const std::shared_ptr<AgentSession>& session, Parsed<Message> parsed,
-                       Handle handle) {
-  if (!parsed) return session->refuse("malformed " + parsed.error().message);
-  handle(*parsed);
-}
-
-}  // namespace
-
 void RendezvousServer::on_message(const std::shared_ptr<AgentSession>& session,
                                   const nlohmann::json& message) {
-  const std::string type = message_type(message);
-  stats_.heartbeats += type == "heartbeat";
-  if (type == "join")
-    return parsed_or_refused(session, parse_join(message),
-                             [&](const JoinMessage& join) { handle_join(session, join); });
-  if (type == "rejoin")
-    return parsed_or_refused(session, parse_rejoin(message),
-                             [&](const JoinMessage& join) { handle_rejoin(session, join); });
-  if (type == "jobs" || type == "status" || type == "stop")
-    return parsed_or_refused(
-        session, parse_operator_request(message),
-        [&](const OperatorRequest& request) { handle_operator(session, request); });
-  if (type == "lease")
-    return parsed_or_refused(session, parse_lease_request(message),
-                             [&](const LeaseRequest& request) { handle_lease(session, request); });
-  if (type == "heartbeat" && session->lease_id != 0) return;
-  if (type == "clock") {  // `mcprun doctor` measures skew with it, before any join.
-    const nlohmann::json now = {
-        {"type", "clock"},
-        {"unix_time_ns", std::chrono::duration_cast<std::chrono::nanoseconds>(
-                             std::chrono::system_clock::now().time_since_epoch())
-                             .count()}};
-    // An unauthenticated peer gets one answer, so it cannot hold a connection open with clocks.
-    if (session->job_id.empty() && session->lease_id == 0) return session->reply_and_close(now);
-    return session->send(now);
-  }
-  if (session->job_id.empty()) return session->refuse("'" + type + "' before 'join'");
-  handle_job_message(session, type, message);
+  auto decoded = decode_agent_message(message);
+  if (!decoded) return session->refuse(decoded.error().message);
+  stats_.heartbeats += std::holds_alternative<HeartbeatMessage>(*decoded);
+  std::visit(
+      MessageHandlers{[&](const JoinMessage& join) {
+                        join.assignment ? handle_rejoin(session, join) : handle_join(session, join);
+                      },
+                      [&](const OperatorRequest& request) { handle_operator(session, request); },
+                      [&](const LeaseRequest& request) { handle_lease(session, request); },
+                      [&](const ClockRequest&) { answer_clock(*session); },
+                      [&](const auto& about_job) {
+                        using Message = std::decay_t<decltype(about_job)>;
+                        // A lease holder heartbeats its connection, which holds no job.
+                        if (std::is_same_v<Message, HeartbeatMessage> && session->lease_id != 0)
+                          return;
+                        if (session->job_id.empty())
+                          return session->refuse("'" + message_type(message) + "' before 'join'");
+                        Job* job = job_of(*session);
+                        if (!job) {  // A message about a round that has been replaced.
+                          if constexpr (std::is_same_v<Message, DoneMessage>)
+                            handle_late_done(*session);
+                          return;
+                        }
+                        handle_job_message(session, *job, about_job);
+                      }},
+      *decoded);
 }
 
-void RendezvousServer::handle_job_message(const std::shared_ptr<AgentSession>& session,
-                                          const std::string& type, const nlohmann::json& message) {
-  Job* current = job_of(*session);
-  if (!current) {  // A message about a round that has been replaced.
-    if (type == "done") handle_late_done(*session);
-    return;
-  }
-  Job& job = *current;
-  if (type == "heartbeat") return;
-  if (type == "failed") {
-    return parsed_or_refused(session, parse_failed(message), [&](FailedNotice failed) {
-      if (!job.finished) ++stats_.failures;  // Counted once per round, however many nodes report.
-      spdlog::info("job {}: node {} reports a failure; stopping every node", session->job_id,
-                   session->node);
-      broadcast(job,
-                {{"type", "failed"},
-                 {"node", session->node},
-                 {"reason", failed.reason},
-                 {"exit_code", failed.exit_code}},
-                session->node);
-      finish(session->job_id);
-      // After the round's end (and its "closed", if nobody can restart): the node may decide.
-      session->send({{"type", "noted"}});
-    });
-  }
-  if (type == "stall") {
-    return parsed_or_refused(session, parse_stall(message), [&](RelayedNotice stall) {
-      if (!job.finished) ++stats_.stalls;
-      spdlog::warn("job {}: node {} declares a stall: {}; stopping every node", session->job_id,
-                   session->node, stall.what);
-      stall.body["node"] = session->node;
-      broadcast(job, stall.body, session->node);
-      finish(session->job_id);
-    });
-  }
-  if (type == "stall_report") {  // Each node's view of its ranks, for every node's report.
-    return parsed_or_refused(session, parse_stall_report(message), [&](RelayedNotice report) {
-      report.body["node"] = session->node;
-      broadcast(job, report.body, session->node);
-    });
-  }
-  if (type == "straggler") {  // The store host's line, for every other node's console.
-    return parsed_or_refused(session, parse_straggler(message), [&](RelayedNotice straggler) {
-      straggler.body["node"] = session->node;
-      broadcast(job, straggler.body, session->node);
-    });
-  }
-  if (type == "barrier") {
-    return parsed_or_refused(session, parse_barrier_arrival(message),
-                             [&](const BarrierArrival& arrival) {
-                               std::set<int>& arrived = job.barriers[arrival.name];
-                               arrived.insert(arrival.rank);
-                               if (static_cast<int>(arrived.size()) < job.world_size) return;
-                               broadcast(job, {{"type", "barrier_done"}, {"name", arrival.name}});
-                               job.barriers.erase(arrival.name);
-                             });
-  }
-  if (type == "done") {
-    session->done = true;
-    job.done_nodes.insert(session->node);
-    if (job.done_nodes.size() == job.members.size()) finish(session->job_id);
-    return;
-  }
-  session->refuse("unknown message type '" + type + "'");
+void RendezvousServer::answer_clock(AgentSession& session) {
+  // `mcprun doctor` measures skew with it, before any join.
+  const nlohmann::json now =
+      encode(ClockReply{std::chrono::duration_cast<std::chrono::nanoseconds>(
+                            std::chrono::system_clock::now().time_since_epoch())
+                            .count()});
+  // An unauthenticated peer gets one answer, so it cannot hold a connection open with clocks.
+  if (session.job_id.empty() && session.lease_id == 0) return session.reply_and_close(now);
+  session.send(now);
+}
+
+void RendezvousServer::handle_job_message(const std::shared_ptr<AgentSession>&, Job&,
+                                          const HeartbeatMessage&) {}
+
+void RendezvousServer::handle_job_message(const std::shared_ptr<AgentSession>& session, Job& job,
+                                          const FailedNotice& failed) {
+  if (!job.finished) ++stats_.failures;  // Counted once per round, however many nodes report.
+  spdlog::info("job {}: node {} reports a failure; stopping every node", session->job_id,
+               session->node);
+  FailedNotice relayed = failed;
+  relayed.node = session->node;
+  broadcast(job, encode(relayed), session->node);
+  finish(session->job_id);
+  // After the round's end (and its "closed", if nobody can restart): the node may decide.
+  session->send(encode(FailureNoted{}));
+}
+
+void RendezvousServer::handle_job_message(const std::shared_ptr<AgentSession>& session, Job& job,
+                                          const StallMessage& stall) {
+  if (!job.finished) ++stats_.stalls;
+  spdlog::warn("job {}: node {} declares a stall: {}; stopping every node", session->job_id,
+               session->node, stall.what);
+  StallMessage relayed = stall;
+  relayed.body["node"] = session->node;
+  broadcast(job, encode(relayed), session->node);
+  finish(session->job_id);
+}
+
+void RendezvousServer::handle_job_message(const std::shared_ptr<AgentSession>& session, Job& job,
+                                          const StallReportMessage& report) {
+  // Each node's view of its ranks, for every node's report.
+  StallReportMessage relayed = report;
+  relayed.node = session->node;
+  broadcast(job, encode(relayed), session->node);
+}
+
+void RendezvousServer::handle_job_message(const std::shared_ptr<AgentSession>& session, Job& job,
+                                          const StragglerMessage& straggler) {
+  // The store host's line, for every other node's console.
+  StragglerMessage relayed = straggler;
+  relayed.node = session->node;
+  broadcast(job, encode(relayed), session->node);
+}
+
+void RendezvousServer::handle_job_message(const std::shared_ptr<AgentSession>&, Job& job,
+                                          const BarrierArrival& arrival) {
+  std::set<int>& arrived = job.barriers[arrival.name];
+  arrived.insert(arrival.rank);
+  if (static_cast<int>(arrived.size()) < job.world_size) return;
+  broadcast(job, encode(BarrierDone{arrival.name}));
+  job.barriers.erase(arrival.name);
+}
+
+void RendezvousServer::handle_job_message(const std::shared_ptr<AgentSession>& session, Job& job,
+                                          const DoneMessage&) {
+  session->done = true;
+  job.done_nodes.insert(session->node);
+  if (job.done_nodes.size() == job.members.size()) finish(session->job_id);
 }
 
 namespace {
 
 /// "closed": the job cannot restart, because `done_nodes` finished and a restart needs every node.
-nlohmann::json closed_notice(const std::string& job_id, const std::set<std::string>& done_nodes) {
+ClosedNotice closed_notice(const std::string& job_id, const std::set<std::string>& done_nodes) {
   std::string names;
   for (const auto& name : done_nodes) names += (names.empty() ? "" : ", ") + name;
-  return {{"type", "closed"},
-          {"message", "job " + job_id + " cannot restart: node(s) " + names +
-                          " finished with every worker's success, and a restart needs every node"}};
+  return {"job " + job_id + " cannot restart: node(s) " + names +
+          " finished with every worker's success, and a restart needs every node"};
 }
 
 /// What a join (or a rejoin) asks for.
@@ -300,7 +289,7 @@ Expected<JoinRequest> join_request(const AgentSession& session, const JoinMessag
   node.requested_rank = message.node_rank;
   node.addr = message.addr.empty() ? session.peer_address() : message.addr;
   node.labels = message.labels;
-  node.gpu_count = message.gpu_count;
+  node.gpu_count = static_cast<int>(message.gpus.size());
   round.min_nodes = message.min_nodes;
   round.max_nodes = message.max_nodes;
   round.join_timeout = std::chrono::milliseconds(static_cast<long>(1000 * message.join_timeout_s));
@@ -321,9 +310,9 @@ void RendezvousServer::handle_late_done(const AgentSession& session) {
 
 void RendezvousServer::refuse_restart(AgentSession& session, const std::string& job_id,
                                       const std::set<std::string>& done_nodes) {
-  const nlohmann::json closed = closed_notice(job_id, done_nodes);
-  spdlog::warn("{}: {}", session.peer(), closed["message"].get<std::string>());
-  session.reply_and_close(closed);
+  const ClosedNotice closed = closed_notice(job_id, done_nodes);
+  spdlog::warn("{}: {}", session.peer(), closed.message);
+  session.reply_and_close(encode(closed));
 }
 
 void RendezvousServer::handle_join(const std::shared_ptr<AgentSession>& session,
@@ -358,7 +347,7 @@ void RendezvousServer::handle_join(const std::shared_ptr<AgentSession>& session,
                  node.node);
     Job old = std::move(running);
     open_round(job_id, old.settings).owner = old.owner;
-    broadcast(old, {{"type", "membership"}, {"node", node.node}});
+    broadcast(old, encode(MembershipNotice{node.node}));
     old.deadline->cancel();
   }
   session->shows_progress = message.progress;
@@ -385,12 +374,9 @@ void RendezvousServer::schedule_progress(const std::string& job_id) {
             std::chrono::duration<double>(forming.round->next_deadline() - Clock::now());
         // Only to the agents on a terminal: a round of 16,384 agents in batch jobs would be sent
         // 16,384 frames a second that nobody reads.
-        const std::string frame = encode_frame({{"type", "progress"},
-                                                {"joined", forming.members.size()},
-                                                {"min_nodes", forming.settings.min_nodes},
-                                                {"max_nodes", forming.settings.max_nodes},
-                                                {"names", names},
-                                                {"remaining_s", std::max(0.0, remaining.count())}});
+        const std::string frame = encode_frame(encode(
+            ProgressMessage{static_cast<int>(forming.members.size()), forming.settings.min_nodes,
+                            forming.settings.max_nodes, names, std::max(0.0, remaining.count())}));
         for (auto& [name, member] : forming.members)
           if (auto agent = member.lock(); agent && agent->shows_progress) agent->send_frame(frame);
       });
@@ -426,7 +412,7 @@ void RendezvousServer::handle_rejoin(const std::shared_ptr<AgentSession>& sessio
                                   " node(s) that did not come back after the restart";
       spdlog::warn("job {}: {}; stopping every node", job_id, missing);
       ++stats_.failures;
-      broadcast(rebuilt, {{"type", "lost"}, {"node", missing}});
+      broadcast(rebuilt, encode(LostNotice{missing}));
       finish(job_id);
     });
     it = jobs_.find(job_id);
@@ -440,7 +426,7 @@ void RendezvousServer::handle_rejoin(const std::shared_ptr<AgentSession>& sessio
   session->generation = job.generation;
   session->node = node.node;
   job.members[node.node] = session;
-  session->send(paced(*session, {{"type", "joined"}}));
+  session->send(paced(*session, encode(JoinedMessage{})));
   spdlog::info("job {}: {} re-registered ({} of {} node(s))", job_id, node.node, job.members.size(),
                job.expected_nodes);
   if (static_cast<int>(job.members.size()) < job.expected_nodes) return;
@@ -448,7 +434,7 @@ void RendezvousServer::handle_rejoin(const std::shared_ptr<AgentSession>& sessio
   // The nodes that came back first were told a pace for fewer agents.
   for (auto& [name, member] : job.members)
     if (auto agent = member.lock(); agent && agent->heartbeat_interval() < heartbeat_interval())
-      agent->send(paced(*agent, {{"type", "pace"}}));
+      agent->send(paced(*agent, encode(PaceMessage{})));
 }
 
 void RendezvousServer::handle_lease(const std::shared_ptr<AgentSession>& session,
@@ -471,8 +457,7 @@ void RendezvousServer::handle_lease(const std::shared_ptr<AgentSession>& session
     session->lease_id = *id;
     spdlog::info("restored the lease of {} GPU(s) and port {} to {}", held.gpus.size(), held.port,
                  holder);
-    return session->send(
-        paced(*session, {{"type", "lease"}, {"gpus", held.gpus}, {"port", held.port}}));
+    return session->send(paced(*session, encode(LeaseGrant{held.gpus, held.port})));
   }
   std::unique_ptr<asio::steady_timer> deadline;
   if (wait_s > 0) {
@@ -495,7 +480,7 @@ void RendezvousServer::handle_lease(const std::shared_ptr<AgentSession>& session
   if (wait_s <= 0) return refuse_waiting_lease(session, gpu_count);
   const std::string queued = leases_.position(session.get(), gpu_count);
   spdlog::info("{} waits up to {:g} s: {}", holder, wait_s, queued);
-  session->send({{"type", "queued"}, {"message", queued}});
+  session->send(encode(QueuedNotice{queued}));
 }
 
 void RendezvousServer::refuse_waiting_lease(const std::shared_ptr<AgentSession>& session,
@@ -511,7 +496,7 @@ void RendezvousServer::grant_waiting_leases() {
     const Lease& lease = grant.lease;
     session->lease_id = grant.id;
     spdlog::info("leased {} GPU(s) and port {} to {}", lease.gpus.size(), lease.port, lease.holder);
-    session->send(paced(*session, {{"type", "lease"}, {"gpus", lease.gpus}, {"port", lease.port}}));
+    session->send(paced(*session, encode(LeaseGrant{lease.gpus, lease.port})));
   }
 }
 
@@ -540,7 +525,7 @@ bool RendezvousServer::join_round(const std::string& job_id,
   session->node = node.node;
   job.members[node.node] = session;
   // The agent heartbeats from now on, through the join wait too.
-  session->send(paced(*session, {{"type", "joined"}}));
+  session->send(paced(*session, encode(JoinedMessage{})));
   // A line for each of a large round's joins would flood the journal: the first few say who
   // comes, the round's completion how many came.
   const size_t joined = job.round->joined();
@@ -568,13 +553,10 @@ void RendezvousServer::advance(const std::string& job_id) {
         auto member = job.members[node.node].lock();
         if (!member) continue;
         // Paced again: the agents that joined first were told a pace for fewer agents.
-        member->send(paced(*member, {{"type", "assignment"},
-                                     {"group_rank", node.group_rank},
-                                     {"group_world_size", result.nodes.size()},
-                                     {"world_size", result.world_size},
-                                     {"rank_offset", node.rank_offset},
-                                     {"master_addr", result.master_addr},
-                                     {"master_port", result.master_port}}));
+        member->send(paced(
+            *member, encode(AssignmentMessage{
+                         node.group_rank, static_cast<int>(result.nodes.size()), result.world_size,
+                         node.rank_offset, result.master_addr, result.master_port})));
       }
       spdlog::info("job {}: round complete, {} nodes, world size {}, master {}:{}", job_id,
                    result.nodes.size(), result.world_size, result.master_addr, result.master_port);
@@ -583,7 +565,7 @@ void RendezvousServer::advance(const std::string& job_id) {
     case RendezvousRound::State::kTimedOut: {
       const std::string message = job.round->timeout_message();
       spdlog::warn("job {}: {}", job_id, message);
-      broadcast(job, {{"type", "error"}, {"message", message}});
+      broadcast(job, encode(ErrorMessage{message}));
       return finish(job_id);
     }
     case RendezvousRound::State::kJoining:
@@ -624,7 +606,7 @@ void RendezvousServer::finish(const std::string& job_id) {
       std::any_of(job.members.begin(), job.members.end(),
                   [&](const auto& member) { return !job.done_nodes.contains(member.first); });
   if (!job.finished && !job.done_nodes.empty() && unfinished_members) {
-    broadcast(job, closed_notice(job_id, job.done_nodes));
+    broadcast(job, encode(closed_notice(job_id, job.done_nodes)));
     job.closed = true;
   }
   job.finished = true;
@@ -667,7 +649,7 @@ void RendezvousServer::on_closed(const std::shared_ptr<AgentSession>& session) {
   }
   spdlog::warn("job {}: node {} lost; stopping every other node", session->job_id, session->node);
   ++stats_.failures;
-  broadcast(job, {{"type", "lost"}, {"node", session->node}}, session->node);
+  broadcast(job, encode(LostNotice{session->node}), session->node);
   finish(session->job_id);
 }
 

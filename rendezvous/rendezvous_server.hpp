@@ -131,9 +131,23 @@ class RendezvousServer final : public SessionHost {
   static std::string user_name(uid_t uid);
   /// An agent of a running job re-registers after losing its connection (a daemon restart).
   void handle_rejoin(const std::shared_ptr<AgentSession>& session, const JoinMessage& message);
-  /// A message of a joined agent about its job: failed, stall, stall_report, barrier, done.
-  void handle_job_message(const std::shared_ptr<AgentSession>& session, const std::string& type,
-                          const nlohmann::json& message);
+  /// The messages of a joined agent about its job.
+  void handle_job_message(const std::shared_ptr<AgentSession>& session, Job& job,
+                          const HeartbeatMessage&);
+  void handle_job_message(const std::shared_ptr<AgentSession>& session, Job& job,
+                          const FailedNotice& failed);
+  void handle_job_message(const std::shared_ptr<AgentSession>& session, Job& job,
+                          const StallMessage& stall);
+  void handle_job_message(const std::shared_ptr<AgentSession>& session, Job& job,
+                          const StallReportMessage& report);
+  void handle_job_message(const std::shared_ptr<AgentSession>& session, Job& job,
+                          const StragglerMessage& straggler);
+  void handle_job_message(const std::shared_ptr<AgentSession>& session, Job& job,
+                          const BarrierArrival& arrival);
+  void handle_job_message(const std::shared_ptr<AgentSession>& session, Job& job,
+                          const DoneMessage&);
+  /// `mcprun doctor`'s skew check: the daemon's wall clock.
+  void answer_clock(AgentSession& session);
   /// A node of a replaced round reports success late: a restart round waiting for it never
   /// completes, so its nodes are told at once, as a restart join after that success would be.
   void handle_late_done(const AgentSession& session);

@@ -115,8 +115,15 @@ std::vector<Case> cases() {
         {"names", {"a"}},
         {"remaining_s", 3.5}},
        {}},
-      {"lost", parser(parse_node_notice), {{"type", "lost"}, {"node", "b"}}, {}},
-      {"error", parser(parse_text), {{"type", "error"}, {"message", "refused"}}, {}},
+      {"membership", parser(parse_membership), {{"type", "membership"}, {"node", "c"}}, {}},
+      {"lost", parser(parse_lost), {{"type", "lost"}, {"node", "b"}}, {}},
+      {"error", parser(parse_error), {{"type", "error"}, {"message", "refused"}}, {}},
+      {"closed", parser(parse_closed), {{"type", "closed"}, {"message", "job j cannot"}}, {}},
+      {"queued", parser(parse_queued), {{"type", "queued"}, {"message", "behind a"}}, {}},
+      {"clock reply",
+       parser(parse_clock_reply),
+       {{"type", "clock"}, {"unix_time_ns", int64_t{1765000000123456789}}},
+       {"unix_time_ns"}},
       {"barrier_done",
        parser(parse_barrier_done),
        {{"type", "barrier_done"}, {"name", "b"}},
@@ -154,12 +161,14 @@ std::vector<Case> cases() {
           {"ranks", 2},
           {"state", "running"},
           {"age_s", 1.5},
+          {"generation", 3},
           {"min_nodes", 1},
           {"max_nodes", 1},
           {"master", "h:1"},
           {"placement", {{{"node", "a"}, {"addr", "h"}, {"group_rank", 0}, {"ranks", "0-1"}}}},
           {"members", {{{"node", "a"}, {"connected", true}, {"done", false}}}}}}},
        {"job"}},
+      {"stopped reply", parser(parse_stopped_reply), {{"type", "stopped"}, {"job", "x"}}, {"job"}},
   };
 }
 
@@ -183,6 +192,51 @@ std::vector<json> wrong_values() {
 
 TEST(Messages, EveryRealMessageParses) {
   for (const Case& c : cases()) EXPECT_EQ(c.parse(c.valid), "") << c.name;
+}
+
+/// `message` decoded by whichever end may receive it and encoded again; null when no end can.
+json round_trip(const json& message) {
+  auto again = [](const auto& decoded) -> json {
+    if (!decoded) return nullptr;
+    return std::visit([](const auto& typed) { return encode(typed); }, *decoded);
+  };
+  for (json encoded :
+       {again(decode_agent_message(message)), again(decode_rendezvous_message(message)),
+        again(decode_worker_message(message))})
+    if (encoded == message) return encoded;
+  return nullptr;
+}
+
+TEST(Messages, EveryRealMessageEncodesToWhatItWasDecodedFrom) {
+  for (Case c : cases()) {
+    // The daemon's pace rides on its frames (paced()); it is all that "pace" carries.
+    if (c.name != "pace") c.valid.erase("heartbeat_interval_ms");
+    EXPECT_EQ(round_trip(c.valid), c.valid) << c.name;
+  }
+  for (const char* bare : {"heartbeat", "done", "clock", "joined", "noted"})
+    EXPECT_EQ(round_trip({{"type", bare}}), json({{"type", bare}})) << bare;
+}
+
+TEST(Messages, AJoinCarryingItsAssignmentIsARejoin) {
+  auto join = *parse_join(cases()[0].valid);
+  EXPECT_EQ(encode(join)["type"], "join");
+  join.assignment = *parse_assignment(cases()[1].valid["assignment"]);
+  EXPECT_EQ(encode(join)["type"], "rejoin");
+  EXPECT_TRUE(std::holds_alternative<JoinMessage>(*decode_agent_message(encode(join))));
+  EXPECT_TRUE(parse_rejoin(encode(join)));
+}
+
+TEST(Messages, EachEndRefusesWhatItDoesNotExpectInOneLine) {
+  EXPECT_EQ(decode_agent_message({{"type", "assignment"}}).error().message,
+            "unknown message type 'assignment'");
+  EXPECT_EQ(decode_worker_message({{"type", "join"}}).error().message,
+            "unknown message type 'join'");
+  EXPECT_EQ(decode_rendezvous_message({{"type", "barrier_done"}}).error().message,
+            "malformed barrier_done: field \"name\" is missing");
+  EXPECT_TRUE(std::holds_alternative<BarrierArrival>(
+      *decode_agent_message({{"type", "barrier"}, {"name", "b"}, {"rank", 0}})));
+  EXPECT_TRUE(std::holds_alternative<BarrierRequest>(
+      *decode_worker_message({{"type", "barrier"}, {"name", "b"}})));
 }
 
 TEST(Messages, EveryMissingRequiredFieldIsNamed) {
@@ -263,7 +317,7 @@ TEST(Messages, NumbersOutsideTheirRangeAreRefused) {
 }
 
 TEST(Messages, AStragglerLineLongEnoughToFloodAConsoleIsRefused) {
-  EXPECT_EQ(parse_straggler({{"type", "straggler"}, {"line", "straggler: rank 1"}})->what,
+  EXPECT_EQ(parse_straggler({{"type", "straggler"}, {"line", "straggler: rank 1"}})->line,
             "straggler: rank 1");
   auto flood = parse_straggler({{"type", "straggler"}, {"line", std::string(4096, 'x')}});
   ASSERT_FALSE(flood);
@@ -275,7 +329,7 @@ TEST(Messages, ParsedFieldsCarryTheirValues) {
   auto join = *parse_rejoin(cases()[1].valid);
   EXPECT_EQ(join.job, "j");
   EXPECT_EQ(join.nproc, 2);
-  EXPECT_EQ(join.gpu_count, 1);
+  EXPECT_EQ(join.gpus.size(), 1u);
   EXPECT_EQ(join.labels.at("rack"), "r1");
   ASSERT_TRUE(join.assignment);
   EXPECT_EQ(join.assignment->world_size, 4);
@@ -291,7 +345,7 @@ TEST(Messages, ParsedFieldsCarryTheirValues) {
   auto request = *parse_operator_request({{"type", "jobs"}});
   EXPECT_EQ(request.type, "jobs");
   EXPECT_FALSE(parse_operator_request({{"type", "status"}}));
-  auto status = *parse_status_reply(cases().back().valid);
+  auto status = *parse_status_reply(cases().at(cases().size() - 2).valid);
   EXPECT_EQ(status.placement.at(0).ranks, "0-1");
   EXPECT_TRUE(status.members.at(0).connected);
 }

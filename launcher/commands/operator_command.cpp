@@ -115,16 +115,15 @@ int run_operator_command(const std::vector<std::string>& args) {
   if (command != "jobs") app.add_option("id", job, "The job's --rdzv-id")->required();
   if (command != "stop") app.add_flag("--json", json, "Print the daemon's answer as JSON");
   if (auto done = parse_subcommand(app, {args.begin() + 1, args.end()})) return *done;
-  nlohmann::json request{{"type", command}};
-  if (!job.empty()) request["job"] = job;
+  OperatorRequest request{command, "", job};
   if (!token_file.empty()) {
     auto token = read_token_file(token_file);
     if (!token) {
       return usage_error("--rdzv-token-file " + token_file + ": cannot read a token");
     }
-    request["token"] = *token;
+    request.token = *token;
   }
-  auto answer = ask_daemon(endpoint, request);
+  auto answer = ask_daemon(endpoint, encode(request));
   if (!answer) {
     std::fprintf(stderr, "mcprun: %s\n", answer.error().message.c_str());
     return kExitRendezvous;
@@ -136,32 +135,44 @@ int run_operator_command(const std::vector<std::string>& args) {
                  reason.c_str());
     return kExitRendezvous;
   };
-  const std::string type = message_type(reply);
-  if (type == "error") {
-    auto refused = parse_text(reply);
-    if (!refused) return malformed(refused.error().message);
-    const std::string& message = refused->message;
-    std::fprintf(stderr, "mcprun: %s\n", message.empty() ? "refused" : message.c_str());
-    return kExitFailure;
-  }
-  if (command == "jobs") {
-    auto jobs = parse_jobs_reply(reply);
-    if (!jobs) return malformed(jobs.error().message);
-    if (json)
-      std::cout << reply["jobs"].dump(2) << "\n";
-    else
-      print_jobs(*jobs);
-  } else if (command == "status") {
-    auto status = parse_status_reply(reply);
-    if (!status) return malformed(status.error().message);
-    if (json)
-      std::cout << reply["job"].dump(2) << "\n";
-    else
-      print_status(*status);
-  } else {
-    std::cout << "stopped job " << job << "\n";
-  }
-  return kExitSuccess;
+  auto decoded = decode_rendezvous_message(reply);
+  if (!decoded) return malformed(decoded.error().message);
+  // --json prints the answer's body as the daemon sent it; otherwise a table.
+  return std::visit(
+      MessageHandlers{[&](const ErrorMessage& refused) {
+                        std::fprintf(stderr, "mcprun: %s\n",
+                                     refused.message.empty() ? "refused" : refused.message.c_str());
+                        return kExitFailure;
+                      },
+                      [&](const JobsReply& jobs) {
+                        if (command != "jobs")
+                          return malformed("answer to '" + command + "': 'jobs'");
+                        if (json)
+                          std::cout << reply["jobs"].dump(2) << "\n";
+                        else
+                          print_jobs(jobs.jobs);
+                        return kExitSuccess;
+                      },
+                      [&](const JobStatus& status) {
+                        if (command != "status")
+                          return malformed("answer to '" + command + "': 'status'");
+                        if (json)
+                          std::cout << reply["job"].dump(2) << "\n";
+                        else
+                          print_status(status);
+                        return kExitSuccess;
+                      },
+                      [&](const StoppedReply& stopped) {
+                        if (command != "stop")
+                          return malformed("answer to '" + command + "': 'stopped'");
+                        std::cout << "stopped job " << stopped.job << "\n";
+                        return kExitSuccess;
+                      },
+                      [&](const auto&) {
+                        return malformed("answer to '" + command + "': '" + message_type(reply) +
+                                         "'");
+                      }},
+      *decoded);
 }
 
 }  // namespace mcprun

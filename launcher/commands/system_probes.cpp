@@ -230,7 +230,7 @@ ConnectResult SystemDoctorProbes::connect(const Endpoint& endpoint,
 }
 
 Expected<ClockReading> SystemDoctorProbes::read_clock(const Endpoint& endpoint) {
-  const std::string request = encode_frame({{"type", "clock"}});
+  const std::string request = encode_frame(encode(ClockRequest{}));
   std::optional<ClockReading> best;
   // One connection per sample: the daemon answers a connection that has not joined once.
   for (int sample = 0; sample < kClockSamples; ++sample) {
@@ -255,20 +255,19 @@ Expected<ClockReading> SystemDoctorProbes::read_clock(const Endpoint& endpoint) 
     auto reply = read_frame(fd.get(), sent + kClockReplyTimeout);
     const auto rtt = std::chrono::steady_clock::now() - sent;
     if (!reply) return reply.error();
-    const nlohmann::json& message = *reply;
-    const std::string type = message_type(message);
-    if (type == "error") {
-      auto refused = parse_text(message);
-      return Error{"the rendezvous refused 'clock': " + (refused ? refused->message : "?") +
-                   " (a rendezvousd older than this mcprun?)"};
-    }
-    auto remote = message.find("unix_time_ns");
-    if (type != "clock" || remote == message.end() || !remote->is_number_integer())
-      return Error{"the rendezvous answered 'clock' with " + type};
+    auto decoded = decode_rendezvous_message(*reply);
+    if (decoded)
+      if (const auto* refused = std::get_if<ErrorMessage>(&*decoded))
+        return Error{"the rendezvous refused 'clock': " + refused->message +
+                     " (a rendezvousd older than this mcprun?)"};
+    const auto* remote = decoded ? std::get_if<ClockReply>(&*decoded) : nullptr;
+    if (!remote)
+      return Error{"the rendezvous answered 'clock' with " +
+                   (decoded ? "'" + message_type(*reply) + "'" : decoded.error().message)};
     // The daemon read its clock, at best guess, halfway through the round trip.
     const int64_t midpoint_ns =
         sent_unix_ns + std::chrono::duration_cast<std::chrono::nanoseconds>(rtt).count() / 2;
-    ClockReading reading{std::chrono::nanoseconds(remote->get<int64_t>() - midpoint_ns),
+    ClockReading reading{std::chrono::nanoseconds(remote->unix_time_ns - midpoint_ns),
                          std::chrono::duration_cast<std::chrono::nanoseconds>(rtt)};
     if (!best || reading.rtt < best->rtt) best = reading;
   }

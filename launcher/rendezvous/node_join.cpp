@@ -68,7 +68,7 @@ Expected<std::optional<NodeLease>> lease_from_local_daemon(boost::asio::io_conte
   if (!endpoint) return std::optional<NodeLease>();
   NodeLease lease{std::make_unique<RendezvousClient>(io, *endpoint), {}};
   auto granted = lease.holder->lease(
-      {{"gpus", gpus_wanted(config, gpus)}, {"wait_s", config.gpu_wait}, {"job", config.rdzv_id}},
+      LeaseRequest{gpus_wanted(config, gpus), config.gpu_wait, config.rdzv_id, std::nullopt},
       std::chrono::milliseconds(static_cast<long>(config.gpu_wait * 1000)) + kConnectTimeout);
   if (!granted)
     return Error{"no GPU lease from rendezvousd at " + *endpoint + ": " + granted.error().message};
@@ -97,24 +97,25 @@ std::unique_ptr<RendezvousServer> host_embedded_rendezvous(boost::asio::io_conte
   }
 }
 
-Expected<nlohmann::json> join_message(const LaunchConfig& config, const RankPlan& plan,
-                                      const std::string& node) {
-  nlohmann::json join = {{"job", config.rdzv_id},
-                         {"node", node},
-                         {"nproc", plan.slots.size()},
-                         {"master_port", plan.job.master_port},
-                         {"node_rank", config.node_rank.value_or(-1)},
-                         {"labels", config.topology_labels},
-                         {"gpus", gpu_topology(plan)},
-                         {"min_nodes", config.min_nodes},
-                         {"max_nodes", config.max_nodes},
-                         {"join_timeout_s", config.join_timeout},
-                         {"last_call_timeout_s", config.last_call_timeout}};
+Expected<JoinMessage> join_message(const LaunchConfig& config, const RankPlan& plan,
+                                   const std::string& node) {
+  JoinMessage join;
+  join.job = config.rdzv_id;
+  join.node = node;
+  join.nproc = static_cast<int>(plan.slots.size());
+  join.master_port = plan.job.master_port;
+  join.node_rank = config.node_rank.value_or(-1);
+  join.labels = config.topology_labels;
+  join.gpus = gpu_topology(plan);
+  join.min_nodes = config.min_nodes;
+  join.max_nodes = config.max_nodes;
+  join.join_timeout_s = config.join_timeout;
+  join.last_call_timeout_s = config.last_call_timeout;
   if (!config.rdzv_token_file.empty()) {
     auto token = read_token_file(config.rdzv_token_file);
     if (!token)
       return Error{"--rdzv-token-file " + config.rdzv_token_file + ": cannot read a token"};
-    join["token"] = *token;
+    join.token = *token;
   }
   return join;
 }

@@ -38,7 +38,7 @@ std::unique_ptr<RendezvousServer> host_embedded_rendezvous(boost::asio::io_conte
 
 /// The join message of this node: its job, name, ranks, master port, topology labels and pinned
 /// GPUs, the job's node range and timeouts, its token. The error names an unreadable token file.
-Expected<nlohmann::json> join_message(const LaunchConfig& config, const RankPlan& plan,
-                                      const std::string& node);
+Expected<JoinMessage> join_message(const LaunchConfig& config, const RankPlan& plan,
+                                   const std::string& node);
 
 }  // namespace mcprun

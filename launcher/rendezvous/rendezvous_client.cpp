@@ -33,7 +33,7 @@ class RendezvousClient::Connection : public FramedSession {
     if (!client_ || !client_->on_message_) return;
     // Nothing the daemon sends may end this node's job from inside a handler.
     try {
-      client_->on_message_(message);
+      client_->on_message_(decode_rendezvous_message(message));
     } catch (const std::exception& bad) {
       client_->ignore_malformed("message (" + std::string(bad.what()) + ")");
     }
@@ -74,25 +74,29 @@ Expected<void> RendezvousClient::connect() {
   return {};
 }
 
-Expected<Assignment> RendezvousClient::join(nlohmann::json join, std::chrono::milliseconds limit) {
+namespace {
+
+/// The type a decoded message had on the wire, for a line about an unexpected one.
+std::string type_of(const RendezvousMessage& message) {
+  return std::visit([](const auto& typed) { return message_type(encode(typed)); }, message);
+}
+
+}  // namespace
+
+Expected<Assignment> RendezvousClient::join(JoinMessage join, std::chrono::milliseconds limit) {
   if (auto connected = connect(); !connected) return connected.error();
-  if (!join.contains("addr") || join["addr"].get<std::string>().empty())
-    join["addr"] = local_address();
+  if (join.addr.empty()) join.addr = local_address();
   const bool show_progress = ::isatty(STDERR_FILENO);  // A CI log gets no redraws.
-  join["type"] = "join";
-  join["progress"] = show_progress;
+  join.progress = show_progress;
+  join.assignment.reset();
   join_ = join;
-  std::optional<nlohmann::json> reply;
+  std::optional<Incoming> reply;
   bool progress_shown = false;
-  on_message_ = [&](const nlohmann::json& message) {
-    const std::string type = message_type(message);
-    if (type == "joined") {
-      heartbeat();
-    } else if (type == "progress") {
+  on_message_ = [&](Incoming incoming) {
+    if (incoming && std::holds_alternative<JoinedMessage>(*incoming)) return heartbeat();
+    if (incoming && std::holds_alternative<ProgressMessage>(*incoming)) {
       if (!show_progress) return;
-      auto parsed = parse_progress(message);
-      if (!parsed) return ignore_malformed(parsed.error().message);
-      const ProgressMessage& progress = *parsed;
+      const auto& progress = std::get<ProgressMessage>(*incoming);
       const int min = progress.min_nodes, max = progress.max_nodes;
       std::string names;
       for (const auto& name : progress.names) names += (names.empty() ? "" : ", ") + name;
@@ -102,11 +106,12 @@ Expected<Assignment> RendezvousClient::join(nlohmann::json join, std::chrono::mi
               .c_str(),
           names.c_str(), progress.remaining_s);
       progress_shown = true;
-    } else if (!reply) {
-      reply = message;
-    } else {
-      early_.push_back(message);  // Read with the assignment, before watch(): a failure, say.
+      return;
     }
+    if (!reply)
+      reply = std::move(incoming);
+    else if (incoming)
+      early_.push_back(std::move(*incoming));  // Read with the assignment, before watch().
   };
   send(join);
   const bool answered = run_until(
@@ -116,38 +121,40 @@ Expected<Assignment> RendezvousClient::join(nlohmann::json join, std::chrono::mi
   if (!answered)
     return Error{"no rendezvous assignment within " + std::to_string(limit.count() / 1000) + " s"};
   if (!reply) return Error{"the rendezvous at " + endpoint_ + " closed the connection"};
-  const std::string type = message_type(*reply);
-  if (type == "lost") return Error{"the rendezvous at " + endpoint_ + " closed the connection"};
-  if (type == "error" || type == "closed") {
-    auto refused = parse_text(*reply);
-    if (!refused) return Error{"rendezvous: malformed " + refused.error().message};
-    if (type == "closed") job_closed_ = refused->message;
-    return Error{"rendezvous: " + refused->message};
-  }
-  if (type != "assignment") return Error{"rendezvous: unexpected reply '" + type + "'"};
-  auto parsed = parse_assignment(*reply);
-  if (!parsed) return Error{"rendezvous: malformed " + parsed.error().message};
-  const AssignmentMessage& assignment = *parsed;
-  assignment_ =
-      Assignment{assignment.group_rank,  assignment.group_world_size, assignment.world_size,
-                 assignment.rank_offset, assignment.master_addr,      assignment.master_port};
-  return *assignment_;
+  if (!*reply) return Error{"rendezvous: " + reply->error().message};
+  return std::visit(
+      MessageHandlers{[&](const AssignmentMessage& assignment) -> Expected<Assignment> {
+                        assignment_ =
+                            Assignment{assignment.group_rank,  assignment.group_world_size,
+                                       assignment.world_size,  assignment.rank_offset,
+                                       assignment.master_addr, assignment.master_port};
+                        return *assignment_;
+                      },
+                      [&](const LostNotice&) -> Expected<Assignment> {
+                        return Error{"the rendezvous at " + endpoint_ + " closed the connection"};
+                      },
+                      [&](const ErrorMessage& refused) -> Expected<Assignment> {
+                        return Error{"rendezvous: " + refused.message};
+                      },
+                      [&](const ClosedNotice& closed) -> Expected<Assignment> {
+                        job_closed_ = closed.message;
+                        return Error{"rendezvous: " + closed.message};
+                      },
+                      [&](const auto& other) -> Expected<Assignment> {
+                        return Error{"rendezvous: unexpected reply '" + type_of(other) + "'"};
+                      }},
+      **reply);
 }
 
-Expected<GrantedLease> RendezvousClient::lease(nlohmann::json request,
+Expected<GrantedLease> RendezvousClient::lease(LeaseRequest request,
                                                std::chrono::milliseconds limit) {
   if (auto connected = connect(); !connected) return connected.error();
-  request["type"] = "lease";
-  std::optional<nlohmann::json> reply;
-  on_message_ = [&](const nlohmann::json& message) {
-    if (message_type(message) != "queued") {
-      if (!reply) reply = message;
-      return;
-    }
-    auto queued = parse_text(message);
-    if (!queued) return ignore_malformed(queued.error().message);
-    spdlog::info("waiting up to {:g} s for a GPU lease: {}", request.value("wait_s", 0.0),
-                 queued->message);
+  std::optional<Incoming> reply;
+  on_message_ = [&](Incoming incoming) {
+    if (incoming && std::holds_alternative<QueuedNotice>(*incoming))
+      return spdlog::info("waiting up to {:g} s for a GPU lease: {}", request.wait_s,
+                          std::get<QueuedNotice>(*incoming).message);
+    if (!reply) reply = std::move(incoming);
   };
   send(request);
   const bool answered = run_until(
@@ -157,20 +164,15 @@ Expected<GrantedLease> RendezvousClient::lease(nlohmann::json request,
     return Error{"rendezvousd at " + endpoint_ + " did not answer the lease request within " +
                  std::to_string(limit.count() / 1000) + " s"};
   if (!reply) return Error{"rendezvousd at " + endpoint_ + " closed the connection"};
-  if (message_type(*reply) == "error") {
-    auto refused = parse_text(*reply);
-    if (!refused) return Error{"malformed " + refused.error().message};
-    return Error{refused->message};
-  }
-  auto parsed = parse_lease_grant(*reply);
-  if (!parsed) return Error{"rendezvousd sent a malformed " + parsed.error().message};
-  const LeaseGrant& grant = *parsed;
+  if (!*reply) return Error{"rendezvousd sent a " + reply->error().message};
+  if (const auto* refused = std::get_if<ErrorMessage>(&**reply)) return Error{refused->message};
+  const auto* grant = std::get_if<LeaseGrant>(&**reply);
+  if (!grant)
+    return Error{"rendezvousd answered the lease request with '" + type_of(**reply) + "'"};
   heartbeat();  // The lease lasts as long as this connection does.
-  GrantedLease granted{grant.gpus, grant.port};
+  request.held = HeldLease{grant->gpus, grant->port};
   lease_ = request;
-  lease_["held_gpus"] = granted.gpus;
-  lease_["held_port"] = granted.port;
-  return granted;
+  return GrantedLease{grant->gpus, grant->port};
 }
 
 void RendezvousClient::watch(PeerEvents events) {
@@ -181,45 +183,37 @@ void RendezvousClient::watch(PeerEvents events) {
       on_stop(stop);
     }
   };
-  on_message_ = [this, stop_once, events](const nlohmann::json& message) {
-    const std::string type = message_type(message);
-    if (type == "failed") {
-      auto parsed = parse_failed(message);
-      if (!parsed) return ignore_malformed(parsed.error().message);
-      const FailedNotice& failed = *parsed;
-      stop_once({"node " + (failed.node.empty() ? "?" : failed.node) + ": " + failed.reason,
-                 failed.exit_code});
-    } else if (type == "membership" || type == "lost") {
-      auto parsed = parse_node_notice(message);
-      if (!parsed) return ignore_malformed(parsed.error().message);
-      const std::string& node = parsed->node;
-      if (type == "membership")
-        stop_once({"node " + node + " joins the job; re-forming the round", kExitRendezvous, true});
-      else
-        stop_once({node + " was lost (it stopped answering)", kExitRendezvous});
-    } else if (type == "noted") {
-      failure_noted_ = true;
-    } else if (type == "closed") {
-      auto parsed = parse_text(message);
-      if (!parsed) return ignore_malformed(parsed.error().message);
-      job_closed_ = parsed->message;
-    } else if (type == "stall" && events.on_stall) {
-      auto parsed = parse_stall(message);
-      if (!parsed) return ignore_malformed(parsed.error().message);
-      events.on_stall(parsed->body);
-    } else if (type == "stall_report" && events.on_stall_report) {
-      auto parsed = parse_stall_report(message);
-      if (!parsed) return ignore_malformed(parsed.error().message);
-      events.on_stall_report(parsed->body);
-    } else if (type == "straggler" && events.on_straggler) {
-      auto parsed = parse_straggler(message);
-      if (!parsed) return ignore_malformed(parsed.error().message);
-      events.on_straggler(parsed->what);
-    } else if (type == "barrier_done" && events.on_barrier_done) {
-      auto parsed = parse_barrier_done(message);
-      if (!parsed) return ignore_malformed(parsed.error().message);
-      events.on_barrier_done(parsed->name);
-    }
+  on_message_ = [this, stop_once, events](Incoming incoming) {
+    if (!incoming) return ignore_malformed(incoming.error().message);
+    std::visit(
+        MessageHandlers{
+            [&](const FailedNotice& failed) {
+              stop_once({"node " + (failed.node.empty() ? "?" : failed.node) + ": " + failed.reason,
+                         failed.exit_code});
+            },
+            [&](const MembershipNotice& joins) {
+              stop_once({"node " + joins.node + " joins the job; re-forming the round",
+                         kExitRendezvous, true});
+            },
+            [&](const LostNotice& lost) {
+              stop_once({lost.node + " was lost (it stopped answering)", kExitRendezvous});
+            },
+            [&](const FailureNoted&) { failure_noted_ = true; },
+            [&](const ClosedNotice& closed) { job_closed_ = closed.message; },
+            [&](const StallMessage& stall) {
+              if (events.on_stall) events.on_stall(stall.body);
+            },
+            [&](const StallReportMessage& report) {
+              if (events.on_stall_report) events.on_stall_report(report.node, report.ranks);
+            },
+            [&](const StragglerMessage& straggler) {
+              if (events.on_straggler) events.on_straggler(straggler.line);
+            },
+            [&](const BarrierDone& done) {
+              if (events.on_barrier_done) events.on_barrier_done(done.name);
+            },
+            [](const auto&) {}},  // The pace was taken; the rest concerns a forming round.
+        *incoming);
   };
   replay_early_messages();
 }
@@ -227,17 +221,18 @@ void RendezvousClient::watch(PeerEvents events) {
 void RendezvousClient::replay_early_messages() {
   if (early_.empty()) return;
   asio::post(io_, [this, alive = alive_, early = std::exchange(early_, {})] {
-    for (const nlohmann::json& message : early)
+    for (const RendezvousMessage& message : early)
       if (*alive && on_message_) on_message_(message);
   });
 }
 
 void RendezvousClient::ignore_malformed(const std::string& reason) const {
-  spdlog::error("the rendezvous at {} sent a malformed {}; ignoring it", endpoint_, reason);
+  spdlog::error("the rendezvous at {} sent a message it cannot use ({}); ignoring it", endpoint_,
+                reason);
 }
 
 void RendezvousClient::report_failure(const std::string& reason, int exit_code) {
-  send({{"type", "failed"}, {"reason", reason}, {"exit_code", exit_code}});
+  send(FailedNotice{"", reason, exit_code});
   failure_reported_ = true;
   flush(kReportFlushTimeout);
 }
@@ -249,13 +244,13 @@ void RendezvousClient::await_failure_noted(std::chrono::milliseconds limit) {
 }
 
 void RendezvousClient::report_done() {
-  send({{"type", "done"}});
+  send(DoneMessage{});
   flush(kReportFlushTimeout);
 }
 
-void RendezvousClient::send(const nlohmann::json& message) {
+void RendezvousClient::send(const AgentMessage& message) {
   if (closed_) return;
-  std::string frame = encode_frame(message);
+  std::string frame = encode_frame(encode(message));
   if (reconnecting_ || !connection_) return hold(std::move(frame));  // Sent after the rejoin.
   connection_->send_frame(std::move(frame));
 }
@@ -282,9 +277,9 @@ void RendezvousClient::connection_lost() {
   if (reconnecting_ || closed_) return;
   // A frame cut mid-write would corrupt the new stream; whole frames queued behind it are kept.
   std::deque<std::string> unwritten = connection_->take_unwritten();
-  if (!assignment_ && lease_.is_null()) {
+  if (!assignment_ && !lease_) {
     closed_ = true;
-    if (on_message_) on_message_({{"type", "lost"}, {"node", "the rendezvous at " + endpoint_}});
+    if (on_message_) on_message_(RendezvousMessage(LostNotice{"the rendezvous at " + endpoint_}));
     return;
   }
   spdlog::warn(
@@ -312,19 +307,16 @@ void RendezvousClient::try_reconnect(std::chrono::milliseconds backoff) {
       closed_ = true;
       held_.clear();
       held_bytes_ = 0;
-      if (on_message_) on_message_({{"type", "lost"}, {"node", "the rendezvous at " + endpoint_}});
+      if (on_message_) on_message_(RendezvousMessage(LostNotice{"the rendezvous at " + endpoint_}));
       return;
     }
-    nlohmann::json rejoin = lease_;  // A lease holder re-registers the GPUs and port it holds.
+    AgentMessage rejoin = lease_.value_or(LeaseRequest{});  // A lease holder re-registers it.
     if (assignment_) {
-      rejoin = join_;
-      rejoin["type"] = "rejoin";
-      rejoin["assignment"] = {{"group_rank", assignment_->group_rank},
-                              {"group_world_size", assignment_->group_world_size},
-                              {"world_size", assignment_->world_size},
-                              {"rank_offset", assignment_->rank_offset},
-                              {"master_addr", assignment_->master_addr},
-                              {"master_port", assignment_->master_port}};
+      JoinMessage rejoining = join_;
+      rejoining.assignment = AssignmentMessage{
+          assignment_->group_rank,  assignment_->group_world_size, assignment_->world_size,
+          assignment_->rank_offset, assignment_->master_addr,      assignment_->master_port};
+      rejoin = std::move(rejoining);
       spdlog::info("reconnected to the rendezvous at {}; re-registering node rank {}", endpoint_,
                    assignment_->group_rank);
     } else {
@@ -332,7 +324,7 @@ void RendezvousClient::try_reconnect(std::chrono::milliseconds backoff) {
                    endpoint_);
     }
     reconnecting_ = false;
-    connection_->send(rejoin);
+    connection_->send(encode(rejoin));
     for (std::string& frame : std::exchange(held_, {})) connection_->send_frame(std::move(frame));
     held_bytes_ = 0;
     heartbeat();
@@ -356,7 +348,7 @@ void RendezvousClient::take_pace(const nlohmann::json& message) {
 }
 
 void RendezvousClient::beat() {
-  send({{"type", "heartbeat"}});
+  send(HeartbeatMessage{});
   arm_heartbeat();
 }
 

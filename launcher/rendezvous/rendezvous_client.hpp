@@ -15,6 +15,7 @@
 
 #include "common/expected.hpp"
 #include "common/framed_session.hpp"
+#include "common/messages.hpp"
 #include "launcher/plan/rank_plan.hpp"
 #include "rendezvous/rendezvous_round.hpp"
 
@@ -51,11 +52,12 @@ struct PeerStop {
 
 /// What the other nodes say while the workers run; each handler is optional.
 struct PeerEvents {
-  std::function<void(const PeerStop&)> on_stop;                ///< At most once.
-  std::function<void(const nlohmann::json&)> on_stall;         ///< A StallNotice, at most once.
-  std::function<void(const nlohmann::json&)> on_stall_report;  ///< {node, ranks[RankProgress]}.
-  std::function<void(const std::string&)> on_barrier_done;     ///< Every rank reached it.
-  std::function<void(const std::string&)> on_straggler;        ///< The store host's line, as sent.
+  std::function<void(const PeerStop&)> on_stop;         ///< At most once.
+  std::function<void(const nlohmann::json&)> on_stall;  ///< A StallNotice, at most once.
+  /// A node's ranks when it stalled: RankProgress objects (launcher/watch/stall_report.hpp).
+  std::function<void(const std::string& node, const nlohmann::json& ranks)> on_stall_report;
+  std::function<void(const std::string&)> on_barrier_done;  ///< Every rank reached it.
+  std::function<void(const std::string&)> on_straggler;     ///< The store host's line, as sent.
 };
 
 /// One connection to rendezvousd (or the embedded server): "HOST:PORT", or "unix:PATH" for an
@@ -69,14 +71,16 @@ class RendezvousClient {
   RendezvousClient(const RendezvousClient&) = delete;
   RendezvousClient& operator=(const RendezvousClient&) = delete;
 
-  /// Connects and sends `join`, then waits for the assignment up to `limit`. On failure: one line.
-  Expected<Assignment> join(nlohmann::json join, std::chrono::milliseconds limit);
-  /// Connects and asks for GPUs and a port: {gpus, wait_s, job}; waits up to `limit`.
-  Expected<GrantedLease> lease(nlohmann::json request, std::chrono::milliseconds limit);
+  /// Connects and sends `join` (from this connection's address unless it names one), then waits
+  /// for the assignment up to `limit`. On failure: one line.
+  Expected<Assignment> join(JoinMessage join, std::chrono::milliseconds limit);
+  /// Connects and asks for GPUs and a port; waits up to `limit`.
+  Expected<GrantedLease> lease(LeaseRequest request, std::chrono::milliseconds limit);
   /// Listens for the other nodes (heartbeats already run since the join was accepted).
   void watch(PeerEvents events);
-  /// Relays a message to every other node of the job: "stall", "stall_report", "barrier".
-  void send(const nlohmann::json& message);
+  /// Sends a message: to every other node of the job a stall, stall report, straggler line or
+  /// barrier arrival.
+  void send(const AgentMessage& message);
   /// Tells every other node to stop; `exit_code` is what they should exit with.
   void report_failure(const std::string& reason, int exit_code);
   /// Waits up to `limit` for the rendezvous to answer report_failure(), after which job_closed()
@@ -92,6 +96,8 @@ class RendezvousClient {
 
  private:
   class Connection;
+  /// A frame from the rendezvous, decoded, or why it could not be.
+  using Incoming = Parsed<RendezvousMessage>;
 
   /// Connects over TCP or the unix socket within kConnectTimeout; an error line on failure.
   Expected<void> connect();
@@ -122,14 +128,14 @@ class RendezvousClient {
   boost::asio::steady_timer heartbeat_timer_;
   std::deque<std::string> held_;  ///< Frames sent while reconnecting, for the next connection.
   size_t held_bytes_ = 0;
-  nlohmann::json join_;                   ///< As sent; a rejoin repeats it with the assignment.
+  JoinMessage join_;                      ///< As sent; a rejoin repeats it with the assignment.
   std::optional<Assignment> assignment_;  ///< Set once the round completed.
-  nlohmann::json lease_;                  ///< A granted lease, re-registered after a reconnect.
+  std::optional<LeaseRequest> lease_;     ///< A granted lease, re-registered after a reconnect.
   bool reconnecting_ = false;
   Clock::time_point reconnect_deadline_;
   boost::asio::steady_timer reconnect_timer_;
-  std::function<void(const nlohmann::json&)> on_message_;
-  std::vector<nlohmann::json> early_;  ///< Arrived after the assignment, before watch().
+  std::function<void(Incoming)> on_message_;
+  std::vector<RendezvousMessage> early_;  ///< Arrived after the assignment, before watch().
   bool closed_ = false;
   std::optional<std::string> job_closed_;
   bool failure_reported_ = false, failure_noted_ = false;

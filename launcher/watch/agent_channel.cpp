@@ -24,33 +24,32 @@ class ChannelSession : public FramedSession {
   /// Replies to a pending barrier(name) call, if this worker is waiting at it.
   void complete_barrier(const std::string& name) {
     if (!waiting_at_.erase(name)) return;
-    send({{"type", "barrier_done"}, {"name", name}});
+    send(encode(BarrierDone{name}));
   }
 
  private:
   void on_frame(const nlohmann::json& message) override {
-    const std::string type = message_type(message);
+    auto decoded = decode_worker_message(message);
+    if (!decoded) return refuse(decoded.error().message);
     const ChannelListener& listener = channel_.listener();
-    if (type == "hello") {
-      auto hello = parse_hello(message);
-      if (!hello) return refuse(hello.error().message);
-      rank_ = hello->rank;
-      set_peer("rank " + std::to_string(rank_) + "'s helper");
-    } else if (type == "heartbeat") {
-      if (listener.on_heartbeat && rank_ >= 0) listener.on_heartbeat(rank_);
-    } else if (type == "barrier") {
-      auto request = parse_barrier_request(message);
-      if (!request) return refuse(request.error().message);
-      const BarrierRequest& barrier = *request;
-      waiting_at_.insert(barrier.name);
-      if (listener.on_barrier && rank_ >= 0)
-        listener.on_barrier(rank_, barrier.name, barrier.timeout_s);
-    } else {
-      spdlog::warn("{} sent an unknown message '{}'", peer(), type);
-    }
+    std::visit(MessageHandlers{[&](const HelloMessage& hello) {
+                                 rank_ = hello.rank;
+                                 set_peer("rank " + std::to_string(rank_) + "'s helper");
+                               },
+                               [&](const HeartbeatMessage&) {
+                                 if (listener.on_heartbeat && rank_ >= 0)
+                                   listener.on_heartbeat(rank_);
+                               },
+                               [&](const BarrierRequest& barrier) {
+                                 waiting_at_.insert(barrier.name);
+                                 if (listener.on_barrier && rank_ >= 0)
+                                   listener.on_barrier(rank_, barrier.name, barrier.timeout_s);
+                               }},
+               *decoded);
   }
 
-  /// A malformed message closes this worker's connection: the helper raises, the job goes on.
+  /// A malformed or unknown message closes this worker's connection: the helper that ships with
+  /// this mcprun sends neither, so the peer is broken; the helper raises, the job goes on.
   void refuse(const std::string& reason) {
     spdlog::warn("{} sent a malformed message ({}); closing it", peer(), reason);
     close();

@@ -19,7 +19,7 @@ namespace {
 
 using json = nlohmann::json;
 
-/// Every parser on one message; a valid result is encoded again, as a relay would.
+/// Every parser on one message; a valid result is encoded again, as a relay or a reply would.
 void parse_everything(const json& message) {
   auto visit = [](const auto&) {};  // The parse is the test; sanitizers judge it.
   visit(parse_join(message));
@@ -28,20 +28,33 @@ void parse_everything(const json& message) {
   visit(parse_operator_request(message));
   visit(parse_barrier_arrival(message));
   visit(parse_failed(message));
-  if (auto stall = parse_stall(message)) static_cast<void>(encode_frame(stall->body));
-  if (auto report = parse_stall_report(message)) static_cast<void>(encode_frame(report->body));
-  if (auto straggler = parse_straggler(message)) static_cast<void>(encode_frame(straggler->body));
+  visit(parse_stall(message));
+  visit(parse_stall_report(message));
+  visit(parse_straggler(message));
   visit(parse_pace(message));
   visit(parse_assignment(message));
   visit(parse_progress(message));
-  visit(parse_node_notice(message));
-  visit(parse_text(message));
+  visit(parse_membership(message));
+  visit(parse_lost(message));
+  visit(parse_error(message));
+  visit(parse_closed(message));
+  visit(parse_queued(message));
   visit(parse_barrier_done(message));
+  visit(parse_clock_reply(message));
   visit(parse_lease_grant(message));
   visit(parse_hello(message));
   visit(parse_barrier_request(message));
   visit(parse_jobs_reply(message));
   visit(parse_status_reply(message));
+  visit(parse_stopped_reply(message));
+  auto reencode = [](const auto& decoded) {
+    if (decoded)
+      std::visit([](const auto& typed) { static_cast<void>(encode_frame(encode(typed))); },
+                 *decoded);
+  };
+  reencode(decode_agent_message(message));
+  reencode(decode_rendezvous_message(message));
+  reencode(decode_worker_message(message));
   static_cast<void>(message_type(message));
 }
 
