@@ -40,6 +40,8 @@ struct Job {
   std::function<double(int rank, int64_t seq)> delay = [](int, int64_t) { return 0.0; };
   std::function<double(int rank)> run_delay_per_s = [](int) { return 0.0; };
   std::function<double(int rank)> cpu_per_s = [](int) { return 1.0; };
+  /// Per rank: seconds a second in the data loader, as its reporter times it; null: untimed.
+  std::function<double(int rank)> loader_per_s;
   /// Per rank: its cgroup's CPU quota in cores (0: none), and the share of periods throttled.
   std::function<std::pair<double, double>(int rank)> quota = [](int) {
     return std::pair{0.0, 0.0};
@@ -70,6 +72,7 @@ struct Job {
           record.cpu_throttled_periods = static_cast<int64_t>(throttled * 10 * record_number);
         }
         record.frames = frames(rank);
+        if (loader_per_s) record.loader_s = loader_per_s(rank) * record_number;
         record.arrivals["0"].group_ranks.resize(static_cast<size_t>(ranks));
         for (int r = 0; r < ranks; ++r)
           record.arrivals["0"].group_ranks[static_cast<size_t>(r)] = r;
@@ -341,8 +344,29 @@ TEST(StragglerWatch, TheCauseIsTheDataLoaderOrStarvationWhereTheRecordsShowIt) {
   };
   loader.run(30);
   ASSERT_EQ(loader.lines.size(), 1u);
-  EXPECT_NE(loader.lines[0].find("in its data loader: 100% of its samples"), std::string::npos)
+  EXPECT_NE(loader.lines[0].find("in its data loader: 100% of its time was in torch's "
+                                 "DataLoader, the others' 0%"),
+            std::string::npos)
       << loader.lines[0];
+
+  // Timed by the reporter's loader clock, whatever its sampled stacks caught: on a loaded box
+  // they land beside the loader's waits less often than those waits last.
+  Job timed;
+  timed.delay = [](int rank, int64_t) { return rank == 1 ? 0.3 : 0.0; };
+  timed.loader_per_s = [](int rank) { return rank == 1 ? 0.6 : 0.02; };
+  timed.run(30);
+  ASSERT_EQ(timed.lines.size(), 1u);
+  EXPECT_NE(timed.lines[0].find("in its data loader: 60% of its time was in torch's DataLoader, "
+                                "the others' 2%"),
+            std::string::npos)
+      << timed.lines[0];
+  Job loads_alike;  // Every rank loads alike: its lateness does not go there.
+  loads_alike.delay = [](int rank, int64_t) { return rank == 1 ? 0.3 : 0.0; };
+  loads_alike.loader_per_s = [](int) { return 0.3; };
+  loads_alike.run(30);
+  ASSERT_EQ(loads_alike.lines.size(), 1u);
+  EXPECT_EQ(loads_alike.lines[0].find("in its data loader"), std::string::npos)
+      << loads_alike.lines[0];
 
   Job starved;
   starved.delay = [](int rank, int64_t) { return rank == 0 ? 0.3 : 0.0; };

@@ -75,6 +75,7 @@ Expected<ProgressRecord> parse_progress_record(std::string_view text) {
     record.host = json.value("host", std::string());
     record.local_rank = json.value("local_rank", -1);
     record.run_delay_s = json.value("run_delay_s", 0.0);
+    record.loader_s = json.value("loader_s", -1.0);
     if (auto quota = json.find("cpu_quota"); quota != json.end()) {
       record.cpu_quota_cores = quota->at(0).get<double>();
       record.cpu_periods = quota->at(1).get<int64_t>();

@@ -85,6 +85,7 @@ struct ProgressRecord {
   std::string host;  ///< Where the rank runs; empty from an older reporter.
   int local_rank = -1;
   double run_delay_s = 0;  ///< Its main thread's wait for a CPU (/proc schedstat).
+  double loader_s = -1;    ///< Its main thread's wall time in torch's DataLoader; -1: untimed.
   /// Its cgroup's CPU quota in cores, and the cgroup's periods and throttled periods so far;
   /// quota 0: none.
   double cpu_quota_cores = 0;

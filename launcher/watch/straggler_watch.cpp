@@ -49,8 +49,8 @@ constexpr double kCompletionSkewFloor = 0.05;
 constexpr double kComputeOverOthers = 1.25;
 // Throttled in most of its cgroup's periods: the quota, not the box, is what it runs short of.
 constexpr double kThrottledShare = 0.5;
-// A quarter of its samples in the data loader, and twice the others': the loader is where its
-// time goes (a window holds few samples a rank, one a second, so a share of them is coarse).
+// A quarter of its wall clock in the data loader, and twice the others': the loader is where its
+// time goes. (Where only sampled stacks tell, a quarter of its samples: one a second, coarse.)
 constexpr double kDataLoaderShare = 0.25;
 constexpr double kDataLoaderOverOthers = 2;
 
@@ -67,7 +67,8 @@ void StragglerWatch::observe(const ProgressRecord& record, int64_t received_ns,
   }
   auto& history = history_[record.rank];
   history.push_back({now, record.cpu_s, record.run_delay_s, in_data_loader(record.frames),
-                     record.cpu_quota_cores, record.cpu_periods, record.cpu_throttled_periods});
+                     record.loader_s, record.cpu_quota_cores, record.cpu_periods,
+                     record.cpu_throttled_periods});
   while (!history.empty() && seconds_between(history.front().received, now) > settings_.window_s)
     history.pop_front();
 
@@ -211,6 +212,15 @@ RankActivity StragglerWatch::activity(int rank) const {
     activity.throttled_share =
         static_cast<double>(latest.cpu_throttled_periods - since->cpu_throttled_periods) /
         static_cast<double>(latest.cpu_periods - since->cpu_periods);
+  // The loader's own clock where the reporter keeps one (from its first record that has it).
+  const auto timed = std::find_if(history.begin(), history.end(),
+                                  [](const RankRecord& record) { return record.loader_s >= 0; });
+  const double timed_wall =
+      timed == history.end() ? 0 : seconds_between(timed->received, latest.received);
+  if (latest.loader_s >= 0 && timed_wall > 0) {
+    activity.data_loader_share = std::max(0.0, latest.loader_s - timed->loader_s) / timed_wall;
+    return activity;
+  }
   const auto loading = std::count_if(history.begin(), history.end(), [](const RankRecord& record) {
     return record.in_data_loader;
   });
@@ -248,8 +258,9 @@ StragglerWatch::Cause StragglerWatch::cause_of(int rank) const {
             true};
   if (own.data_loader_share >= kDataLoaderShare &&
       own.data_loader_share >= kDataLoaderOverOthers * median(data_loader))
-    return {fmt::format("in its data loader: {} of its samples were in torch's DataLoader",
-                        percent(own.data_loader_share)),
+    return {fmt::format("in its data loader: {} of its time was in torch's DataLoader, the "
+                        "others' {}",
+                        percent(own.data_loader_share), percent(median(data_loader))),
             true};
   if (own.cpu_share >= kComputeOverOthers * median(cpu) && own.cpu_share > 0)
     return {fmt::format("in its own compute: it used {} of a CPU, the others {}",

