@@ -137,6 +137,9 @@ int run_operator_command(const std::vector<std::string>& args) {
   };
   auto decoded = decode_rendezvous_message(reply);
   if (!decoded) return malformed(decoded.error().message);
+  const std::string answer_type = command == "stop" ? "stopped" : command;
+  if (const std::string type = message_type(reply); type != answer_type && type != "error")
+    return malformed("answer to '" + command + "': '" + type + "'");
   // --json prints the answer's body as the daemon sent it; otherwise a table.
   return std::visit(
       MessageHandlers{[&](const ErrorMessage& refused) {
@@ -145,8 +148,6 @@ int run_operator_command(const std::vector<std::string>& args) {
                         return kExitFailure;
                       },
                       [&](const JobsReply& jobs) {
-                        if (command != "jobs")
-                          return malformed("answer to '" + command + "': 'jobs'");
                         if (json)
                           std::cout << reply["jobs"].dump(2) << "\n";
                         else
@@ -154,8 +155,6 @@ int run_operator_command(const std::vector<std::string>& args) {
                         return kExitSuccess;
                       },
                       [&](const JobStatus& status) {
-                        if (command != "status")
-                          return malformed("answer to '" + command + "': 'status'");
                         if (json)
                           std::cout << reply["job"].dump(2) << "\n";
                         else
@@ -163,15 +162,10 @@ int run_operator_command(const std::vector<std::string>& args) {
                         return kExitSuccess;
                       },
                       [&](const StoppedReply& stopped) {
-                        if (command != "stop")
-                          return malformed("answer to '" + command + "': 'stopped'");
                         std::cout << "stopped job " << stopped.job << "\n";
                         return kExitSuccess;
                       },
-                      [&](const auto&) {
-                        return malformed("answer to '" + command + "': '" + message_type(reply) +
-                                         "'");
-                      }},
+                      [](const auto&) { return kExitRendezvous; }},  // Refused above.
       *decoded);
 }
 
