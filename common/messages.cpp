@@ -284,6 +284,12 @@ Parsed<FailedNotice> parse_failed(const json& message) {
   fields.optional("node", notice.node)
       .optional("reason", notice.reason)
       .number("exit_code", notice.exit_code, false, 0, 255);
+  if (const json* preflight = fields.raw("preflight", false)) {
+    if (preflight->is_object())
+      notice.preflight = *preflight;
+    else
+      fields.fail("preflight", std::string("must be an object, not ") + kind_of(*preflight));
+  }
   return fields.result(std::move(notice));
 }
 
@@ -582,6 +588,7 @@ json encode(const BarrierArrival& arrival) {
 json encode(const FailedNotice& failed) {
   json message = typed("failed");
   message.update({{"reason", failed.reason}, {"exit_code", failed.exit_code}});
+  if (!failed.preflight.is_null()) message["preflight"] = failed.preflight;
   add_node(message, failed.node);
   return message;
 }

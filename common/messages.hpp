@@ -102,6 +102,9 @@ struct FailedNotice {
   std::string node;  ///< Set by the daemon when it relays; ignored from an agent.
   std::string reason = "a worker failed";
   int exit_code = 1;
+  /// The preflight's verdict when it is what failed (launcher/preflight/preflight_check.hpp's
+  /// verdict_for_peers): a node stopped before its own ranks judged prints and records this one.
+  nlohmann::json preflight = nullptr;
 };
 
 /// "stall", both ways, which the daemon relays without reading more than it logs: the receiving

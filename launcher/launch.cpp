@@ -246,11 +246,12 @@ std::optional<int> Launch::run_preflight() {
   in_preflight_ = true;
   const PreflightOutcome outcome = run_preflight_check(
       {io_, config_, *plan_, inherited_, config_.node_name.empty() ? host_ : config_.node_name,
-       *group_, *run_dir_, store_.get(), *watch_, summary_, timed_out_});
+       *group_, *run_dir_, store_.get(), *watch_, summary_, timed_out_, peer_preflight_verdict_});
   in_preflight_ = false;
   if (outcome.judged_failed) {
     if (rendezvous_)
-      rendezvous_->report_failure("the preflight failed on " + host_, kExitPreflightFailed);
+      rendezvous_->report_failure("the preflight failed on " + host_, kExitPreflightFailed,
+                                  outcome.verdict);
     serve_remaining_nodes(kFailurePassOnTimeout);
   }
   return outcome.exit_code;

@@ -121,6 +121,7 @@ class Launch {
   std::unique_ptr<RendezvousClient> rendezvous_;
   bool membership_change_ = false;
   bool in_preflight_ = false;  ///< The preflight's ranks run: their ending is no job failure.
+  nlohmann::json peer_preflight_verdict_;  ///< The verdict of a node that stopped the preflight.
   /// What the last attempt would have ended with had no restart been left: the exit code when
   /// the job turns out unable to restart.
   int code_without_restart_ = kExitFailure;

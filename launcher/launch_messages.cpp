@@ -45,6 +45,7 @@ PeerEvents Launch::peer_events() {
   PeerEvents events;
   events.on_stop = [this](const PeerStop& stop) {
     membership_change_ = stop.membership_change;
+    if (in_preflight_) peer_preflight_verdict_ = stop.preflight;
     group_->request_stop(stop.reason, stop.exit_code);
   };
   events.on_stall = [this](const nlohmann::json& message) {

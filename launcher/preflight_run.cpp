@@ -62,6 +62,11 @@ std::optional<int> preflight_pass(const PreflightJob& job, const std::string& py
       return exit_code_for_signal(result.interrupt_signal);
     case AttemptResult::End::kPeerStopped:
       if (reported && !job.timed_out) break;
+      // Stopped before its own ranks judged: the judging node's verdict is this node's too.
+      if (job.peer_verdict.is_object() && !job.timed_out) {
+        report = job.peer_verdict;
+        return std::nullopt;
+      }
       spdlog::error("stopped during the preflight: {}", result.peer_reason);
       return job.timed_out ? kExitJobTimeout : result.peer_exit_code;
     case AttemptResult::End::kSpawnFailed:
@@ -109,8 +114,11 @@ PreflightOutcome run_preflight_check(const PreflightJob& job) {
                      "mcprun preflight: " + report["transport"].get<std::string>() + "\n";
   }
   std::fputs(report.value("text", std::string()).c_str(), stderr);
-  report.erase("text");
   const bool ok = report.value("ok", false);
+  // A verdict that came from another node was sent by it already; this node's own goes out.
+  const bool judged_here = !report.contains("judged_on");
+  nlohmann::json verdict = judged_here && !ok ? verdict_for_peers(report, job.node) : nullptr;
+  report.erase("text");
   // Its largest all-reduce: the floor under which the bandwidth watch calls one slow.
   if (const auto floor = preflight_floor(report))
     job.watch.set_bandwidth_floor(floor->first, floor->second);
@@ -122,7 +130,7 @@ PreflightOutcome run_preflight_check(const PreflightJob& job) {
   }
   spdlog::error("--preflight=fail: not starting the script (exit {})",
                 static_cast<int>(kExitPreflightFailed));
-  return {kExitPreflightFailed, true};
+  return {kExitPreflightFailed, judged_here, std::move(verdict)};
 }
 
 }  // namespace mcprun

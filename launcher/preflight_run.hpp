@@ -31,12 +31,16 @@ struct PreflightJob {
   StallWatch& watch;    ///< Gets the check's largest all-reduce as its bandwidth floor.
   RunSummary& summary;  ///< Gets the report.
   const bool& timed_out;  ///< --timeout passed meanwhile.
+  /// What a node that judged first sent with its stop (null until then): this node's verdict
+  /// too, when the stop came before its own ranks wrote theirs.
+  const nlohmann::json& peer_verdict;
 };
 
 /// How the check ended for the launch.
 struct PreflightOutcome {
-  std::optional<int> exit_code;  ///< nullopt: start the script.
-  bool judged_failed = false;    ///< The check named a fault under --preflight=fail.
+  std::optional<int> exit_code;      ///< nullopt: start the script.
+  bool judged_failed = false;        ///< The check named a fault under --preflight=fail.
+  nlohmann::json verdict = nullptr;  ///< When judged_failed: what the other nodes are sent.
 };
 
 /// Runs the check, then again under NCCL_P2P_DISABLE and NCCL_SHM_DISABLE when NCCL was dead, to

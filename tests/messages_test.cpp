@@ -75,6 +75,14 @@ std::vector<Case> cases() {
        parser(parse_failed),
        {{"type", "failed"}, {"node", "a"}, {"reason", "rank 1 exited 7"}, {"exit_code", 7}},
        {}},
+      {"failed preflight",
+       parser(parse_failed),
+       {{"type", "failed"},
+        {"node", "a"},
+        {"reason", "the preflight failed on a"},
+        {"exit_code", 77},
+        {"preflight", {{"ok", false}, {"verdict", "FAIL: node c is SLOW"}}}},
+       {}},
       {"stall",
        parser(parse_stall),
        {{"type", "stall"},
@@ -310,6 +318,8 @@ TEST(Messages, NumbersOutsideTheirRangeAreRefused) {
   EXPECT_FALSE(parse_lease_request({{"gpus", -1}}));
   EXPECT_FALSE(parse_lease_request({{"wait_s", 1e300}}));
   EXPECT_FALSE(parse_failed({{"exit_code", 300}}));
+  EXPECT_NE(parse_failed({{"preflight", "FAIL"}}).error().message.find("\"preflight\" must be"),
+            std::string::npos);
   join = cases()[0].valid;
   join["restart_count"] = -1;
   EXPECT_NE(parse_join(join).error().message.find("\"restart_count\" must be between 0"),

@@ -4,6 +4,8 @@
 
 #include <fstream>
 
+#include "common/protocol.hpp"
+
 namespace mcprun {
 namespace {
 
@@ -70,6 +72,33 @@ TEST(PreflightReport, ACheckStoppedAtItsBoundSaysSo) {
       report["verdict"].get<std::string>().rfind("FAIL: the check ran past its bound of 81 s", 0),
       0u);
   EXPECT_EQ(report["text"].get<std::string>().rfind("mcprun preflight: FAIL", 0), 0u);
+}
+
+TEST(PreflightReport, TheVerdictSentToTheOtherNodesKeepsItsFaultsAndFitsOneMessage) {
+  const nlohmann::json fault = {{"kind", "slow"}, {"what", "node"}, {"name", "host2"}};
+  nlohmann::json report = {{"ok", false},
+                           {"verdict", "FAIL: node host2 is SLOW"},
+                           {"text", "table\nmcprun preflight: FAIL: node host2 is SLOW\n"},
+                           {"faults", {fault}},
+                           {"ranks", nlohmann::json::array()}};
+  auto verdict = verdict_for_peers(report, "host0");
+  EXPECT_EQ(verdict["faults"], nlohmann::json::array({fault}));
+  EXPECT_EQ(verdict["text"], report["text"]);
+  EXPECT_EQ(verdict["judged_on"], "host0");
+  EXPECT_FALSE(verdict.contains("ranks"));
+
+  // A 16K-rank job's table and a fault per rank: the verdict line travels, the table does not.
+  report["text"] = std::string(1 << 20, 'x');
+  report["faults"] = nlohmann::json::array();
+  for (int rank = 0; rank < 16384; ++rank)
+    report["faults"].push_back(
+        {{"kind", "dead"}, {"what", "rank"}, {"name", std::to_string(rank)}});
+  verdict = verdict_for_peers(report, "host0");
+  EXPECT_LE(verdict.dump().size(), kMaxFrameBytes / 4);
+  EXPECT_GT(verdict["faults"].size(), 0u);
+  EXPECT_NE(verdict["text"].get<std::string>().find("FAIL: node host2 is SLOW"), std::string::npos);
+  EXPECT_NE(verdict["text"].get<std::string>().find("node host0's summary.json"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <fstream>
 
+#include "common/protocol.hpp"
+
 namespace mcprun {
 
 namespace {
@@ -78,6 +80,31 @@ nlohmann::json overran_preflight_report(const PreflightBudget& budget) {
       budget.bound_s));
   report["faults"].push_back({{"kind", "dead"}, {"what", "step"}, {"name", "bound"}});
   return report;
+}
+
+nlohmann::json verdict_for_peers(const nlohmann::json& report, const std::string& node) {
+  // A quarter of a frame: the notice's other fields and its JSON escaping stay well within it.
+  constexpr size_t kBudgetBytes = kMaxFrameBytes / 4;
+  nlohmann::json verdict = {{"judged_on", node}};
+  for (const char* key : {"ok", "dead", "backend", "world_size", "verdict"})
+    if (report.contains(key)) verdict[key] = report[key];
+  if (verdict.value("verdict", std::string()).size() > kBudgetBytes / 4)
+    verdict["verdict"] = verdict["verdict"].get<std::string>().substr(0, kBudgetBytes / 4) + "...";
+  const std::string text = report.value("text", std::string());
+  verdict["text"] = text.size() <= kBudgetBytes / 2
+                        ? text
+                        : fmt::format(
+                              "mcprun preflight: {}\n(the full report is in node {}'s "
+                              "summary.json)\n",
+                              verdict.value("verdict", std::string("FAIL")), node);
+  verdict["faults"] = nlohmann::json::array();
+  size_t bytes = verdict.dump().size();
+  for (const auto& fault : report.value("faults", nlohmann::json::array())) {
+    bytes += fault.dump().size() + 1;  // The comma.
+    if (bytes > kBudgetBytes) break;
+    verdict["faults"].push_back(fault);
+  }
+  return verdict;
 }
 
 std::optional<std::pair<int64_t, double>> preflight_floor(const nlohmann::json& report) {

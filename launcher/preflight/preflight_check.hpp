@@ -48,6 +48,10 @@ nlohmann::json read_preflight_report(const std::filesystem::path& file);
 /// The report of a check stopped at its bound: a finding, like any other fault.
 nlohmann::json overran_preflight_report(const PreflightBudget& budget);
 
+/// What of `report`, judged on `node`, travels to the other nodes with its stop, bounded to fit
+/// one message: the verdict, its faults, and the table when short (a large job's is not).
+nlohmann::json verdict_for_peers(const nlohmann::json& report, const std::string& node);
+
 /// The largest measured all-reduce's size and bus bandwidth (bytes/s): the floor under which the
 /// bandwidth watch calls the job's own all-reduces slow. nullopt when the check measured none.
 std::optional<std::pair<int64_t, double>> preflight_floor(const nlohmann::json& report);

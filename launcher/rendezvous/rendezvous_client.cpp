@@ -189,7 +189,7 @@ void RendezvousClient::watch(PeerEvents events) {
         MessageHandlers{
             [&](const FailedNotice& failed) {
               stop_once({"node " + (failed.node.empty() ? "?" : failed.node) + ": " + failed.reason,
-                         failed.exit_code});
+                         failed.exit_code, false, failed.preflight});
             },
             [&](const MembershipNotice& joins) {
               stop_once({"node " + joins.node + " joins the job; re-forming the round",
@@ -231,8 +231,9 @@ void RendezvousClient::ignore_malformed(const std::string& reason) const {
                 reason);
 }
 
-void RendezvousClient::report_failure(const std::string& reason, int exit_code) {
-  send(FailedNotice{"", reason, exit_code});
+void RendezvousClient::report_failure(const std::string& reason, int exit_code,
+                                      nlohmann::json preflight) {
+  send(FailedNotice{"", reason, exit_code, std::move(preflight)});
   failure_reported_ = true;
   flush(kReportFlushTimeout);
 }

@@ -48,6 +48,7 @@ struct PeerStop {
   std::string reason;              ///< "node b: rank 3 exited with exit code 7", "node c lost", ...
   int exit_code = 0;               ///< The exit code this node should end with.
   bool membership_change = false;  ///< A node joins: re-form without spending a restart.
+  nlohmann::json preflight = nullptr;  ///< The sender's preflight verdict when that is what failed.
 };
 
 /// What the other nodes say while the workers run; each handler is optional.
@@ -81,8 +82,9 @@ class RendezvousClient {
   /// Sends a message: to every other node of the job a stall, stall report, straggler line or
   /// barrier arrival.
   void send(const AgentMessage& message);
-  /// Tells every other node to stop; `exit_code` is what they should exit with.
-  void report_failure(const std::string& reason, int exit_code);
+  /// Tells every other node to stop; `exit_code` is what they should exit with, and
+  /// `preflight` the check's verdict when it is what failed.
+  void report_failure(const std::string& reason, int exit_code, nlohmann::json preflight = nullptr);
   /// Waits up to `limit` for the rendezvous to answer report_failure(), after which job_closed()
   /// says whether the job can restart.
   void await_failure_noted(std::chrono::milliseconds limit);
