@@ -25,24 +25,29 @@ phase "format (clang-format --dry-run -Werror)" \
   bash -c 'git ls-files -z "*.cpp" "*.hpp" | xargs -0 clang-format-14 --dry-run -Werror'
 
 phase "build (gcc, RelWithDebInfo, -Werror)" env BUILD_DIR=build scripts/build.sh
+# ctest's -j: no more CPU-bound suites side by side than CPUs (cpus.json, tests/CMakeLists.txt); the
+# rest of it runs what mostly waits.
+jobs=$(($(nproc) * 2))
 # Unit tests and the end-to-end suites on torch 1.13; their torch 2.13 twins run under the
 # sanitizers below, so every suite still meets both torches, and mcprun's code, which is the same
-# for both, is not run twice more than that.
-phase "tests (torch 1.13)" in_dir build ctest --output-on-failure -j 2 -E 'torch2\.13$'
+# for both, is not run twice more than that. A suite with no torch runs once: here what times or
+# draws what a person sees (terminal, scale), there what feeds the daemon hostile input.
+phase "tests (torch 1.13)" in_dir build ctest --output-on-failure -j "$jobs" \
+  -E 'torch2\.13$|^e2e\.test_(hostile_peers|service|docs)$'
 
 # One clang build serves the sanitizers and the fuzz targets, which need clang: no third build.
 # Line tables are all a sanitizer's report needs, and -O0 compiles in less than half the time of
 # -O1, which only a long fuzzing run would repay (FUZZ_SECONDS=600 scripts/fuzz.sh builds at -O2).
 phase "build (clang, ASan + UBSan, fuzz targets, -Werror)" env BUILD_DIR=build-sanitizers \
   BUILD_TYPE=Debug scripts/build.sh -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_CXX_FLAGS_DEBUG=-gline-tables-only \
-  -DMCPRUN_SANITIZE=ON -DMCPRUN_FUZZ=ON
+  -DMCPRUN_SANITIZE=ON -DMCPRUN_FUZZ=ON -DMCPRUN_BENCHMARKS=OFF
 # The sanitizers check mcprun's own memory on every suite; 2.13 drives more of the job store (its
 # dialect's handshake, PING, queues) than 1.13, whose dialect the unit tests replay here too. The
 # chaos test ran above, once: it watches the daemon's RSS round to round, which ASan's quarantine
-# grows by design.
+# grows by design; so did the terminal and scale suites, whose load generators this build skips.
 phase "tests under ASan + UBSan (torch 2.13)" in_dir build-sanitizers \
   env ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-  ctest --output-on-failure -j 2 -E 'torch1\.13$|^e2e\.test_chaos$'
+  ctest --output-on-failure -j "$jobs" -E 'torch1\.13$|^e2e\.test_(chaos|terminal)$'
 
 # 10 s a target in CI finds what a short run finds; crashes found before are replayed every run by
 # fuzz_regression_test (both builds above), and FUZZ_SECONDS=600 scripts/fuzz.sh digs deeper.

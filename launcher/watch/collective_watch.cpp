@@ -16,10 +16,6 @@ namespace {
 
 using Clock = CollectiveWatch::Clock;
 
-double seconds_between(Clock::time_point from, Clock::time_point to) {
-  return std::chrono::duration<double>(to - from).count();
-}
-
 /// Whether two ranks' pending entries are the same call: by sequence number where the Flight
 /// Recorder gave one, else (torch 1.x's stacks) by operation.
 bool same_call(const PendingCollective& a, const PendingCollective& b) {

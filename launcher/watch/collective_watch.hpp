@@ -19,6 +19,12 @@
 
 namespace mcprun {
 
+/// Seconds from `from` to `to` on the watches' clock.
+inline double seconds_between(std::chrono::steady_clock::time_point from,
+                              std::chrono::steady_clock::time_point to) {
+  return std::chrono::duration<double>(to - from).count();
+}
+
 /// Where the reporters publish: one key per rank, "<prefix><rank>". Keys are as torch's TCPStore
 /// client sends them, with a "/" of its own before the key the reporter names.
 inline constexpr std::string_view kProgressKeyPrefix = "/mcprun/progress/";

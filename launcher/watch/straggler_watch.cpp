@@ -13,10 +13,6 @@ namespace {
 
 using Clock = StragglerWatch::Clock;
 
-double seconds_between(Clock::time_point from, Clock::time_point to) {
-  return std::chrono::duration<double>(to - from).count();
-}
-
 double median(std::vector<double> values) {
   if (values.empty()) return 0;
   const size_t middle = values.size() / 2;
