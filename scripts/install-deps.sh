@@ -8,6 +8,7 @@ set -euo pipefail
 job_packages=(
   build-essential cmake
   libboost1.81-dev libyaml-cpp-dev libspdlog-dev libcli11-dev nlohmann-json3-dev
+  libssl-dev             # TLS and base64 for etcd's gateway
   libgtest-dev           # CMake configures the tests' targets even where only the programs are built
   python3 python3-torch  # Debian's torch 1.13: the example, the end-to-end tests, torchrun to compare
 )
@@ -20,6 +21,7 @@ test_packages=(
   clang-format-14        # scripts/test.sh: every C++ file as .clang-format writes it
   slurm-wlm slurmctld slurmd slurm-client munge  # tests/e2e/test_slurm.py: a real controller and two nodes
   ccache                 # the wheel's build reuses the gcc build's objects (tests/e2e/test_wheel.py)
+  etcd-server            # tests/etcd_client_test.cpp: a real three-member cluster on loopback
   chromium               # tests/e2e/test_stragglers.py: the picture of the last collectives, opened as a person would
 )
 case "${1:-}" in
