@@ -7,7 +7,6 @@ namespace {
 
 using json = nlohmann::json;
 
-
 json typed(const char* type) { return {{"type", type}}; }
 
 json assignment_fields(const AssignmentMessage& assignment) {
