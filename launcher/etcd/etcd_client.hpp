@@ -2,6 +2,8 @@
 // transactions, leases and watches, each call bounded in time. It talks to one member at a time
 // and moves to the next on any failure to answer, so that a dead, stopped or partitioned member
 // costs one request deadline, never a hang. Blocking: a caller on an event loop runs it elsewhere.
+// The gateway rather than gRPC (Debian's libgrpc++): Beast is already linked, nothing is generated
+// at build time, and a rendezvous makes a few requests a second, where JSON's cost is nothing.
 #pragma once
 
 #include <chrono>
