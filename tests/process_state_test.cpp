@@ -6,6 +6,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdint>
 
 namespace mcprun {
@@ -76,6 +77,15 @@ TEST(ProcessState, AComputingProcessRunsOrWaitsToRunAndASleepingOneDoesNeither) 
   const pid_t computing = start(true), sleeping = start(false);
   ASSERT_GT(computing, 0);
   ASSERT_GT(sleeping, 0);
+  // The sleeper's way from fork to pause() is CPU time, and on a loaded box a wait for a CPU:
+  // counted from once it sleeps.
+  const auto asleep_by = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < asleep_by) {
+    const auto state = read_run_state(sleeping);
+    if (state && state->state == 'S') break;
+    timespec poll{0, 1'000'000};
+    nanosleep(&poll, nullptr);
+  }
   const auto computing_before = read_process_activity(computing);
   const auto sleeping_before = read_process_activity(sleeping);
   timespec pause_for{0, 300'000'000};
