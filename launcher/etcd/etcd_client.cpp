@@ -175,19 +175,26 @@ Expected<json> Client::call_member(std::string_view path, const std::string& bod
   }
 }
 
-Expected<json> Client::call(std::string_view path, const json& body) {
+template <class Attempt>
+auto Client::across_members(const std::string& what, Attempt attempt)
+    -> decltype(attempt(std::declval<bool&>())) {
   if (settings_.members.empty()) return Error{"no etcd endpoint given"};
-  const std::string text = body.dump();
   std::string failures;
   for (size_t tried = 0; tried < settings_.members.size(); ++tried) {
     bool member_failed = true;
-    auto answer = call_member(path, text, member_failed);
+    auto answer = attempt(member_failed);
     if (answer || !member_failed) return answer;
     failures += (failures.empty() ? "" : "; ") + answer.error().message;
     connection_.reset();
     current_ = (current_ + 1) % settings_.members.size();
   }
-  return Error{"no etcd member answered: " + failures};
+  return Error{"no etcd member answered" + what + ": " + failures};
+}
+
+Expected<json> Client::call(std::string_view path, const json& body) {
+  const std::string text = body.dump();
+  return across_members(
+      "", [&](bool& member_failed) { return call_member(path, text, member_failed); });
 }
 
 Expected<std::vector<KeyValue>> Client::range_prefix(std::string_view prefix, int64_t* revision) {
@@ -298,19 +305,11 @@ Expected<void> Client::revoke(int64_t lease) {
 
 Expected<WatchResult> Client::watch_prefix(std::string_view prefix, int64_t from_revision,
                                            std::chrono::milliseconds limit) {
-  if (settings_.members.empty()) return Error{"no etcd endpoint given"};
   json create = key_range(prefix);
   create["start_revision"] = int64_text(from_revision);
   const std::string body = json{{"create_request", create}}.dump();
-  std::string failures;
-  for (size_t tried = 0; tried < settings_.members.size(); ++tried) {
-    bool member_failed = true;
-    auto result = watch_member(body, limit, member_failed);
-    if (result || !member_failed) return result;
-    failures += (failures.empty() ? "" : "; ") + result.error().message;
-    current_ = (current_ + 1) % settings_.members.size();
-  }
-  return Error{"no etcd member answered the watch: " + failures};
+  return across_members(
+      " the watch", [&](bool& member_failed) { return watch_member(body, limit, member_failed); });
 }
 
 Expected<WatchResult> Client::watch_member(const std::string& body, std::chrono::milliseconds limit,

@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "common/endpoint.hpp"
@@ -87,6 +88,11 @@ class Client {
   /// POSTs `body` to `path` on the current member, then on each other member in turn; the first
   /// answer's JSON, or an error naming every member's failure.
   Expected<nlohmann::json> call(std::string_view path, const nlohmann::json& body);
+  /// Runs `attempt(member_failed)` on the current member, then on each other in turn while the
+  /// member is what failed; the first answer, or one line with every member's failure.
+  template <class Attempt>
+  auto across_members(const std::string& what, Attempt attempt)
+      -> decltype(attempt(std::declval<bool&>()));
   /// One member's answer; `member_failed` says whether another member may answer better.
   Expected<nlohmann::json> call_member(std::string_view path, const std::string& body,
                                        bool& member_failed);
