@@ -285,10 +285,22 @@ Parsed<FailedNotice> parse_failed(const json& message) {
       .optional("reason", notice.reason)
       .number("exit_code", notice.exit_code, false, 0, 255);
   if (const json* preflight = fields.raw("preflight", false)) {
-    if (preflight->is_object())
-      notice.preflight = *preflight;
-    else
-      fields.fail("preflight", std::string("must be an object, not ") + kind_of(*preflight));
+    // The receiver reads these fields as their types: a verdict of other types is refused here.
+    Fields verdict(*preflight, "failed: field \"preflight\"");
+    bool flag = false;
+    std::string text;
+    int count = 0;
+    verdict.required("ok", flag)
+        .optional("dead", flag)
+        .optional("backend", text)
+        .optional("verdict", text)
+        .optional("text", text)
+        .optional("judged_on", text)
+        .number("world_size", count, false, 0, kMaxCount);
+    if (const json* faults = verdict.raw("faults", false); faults && !faults->is_array())
+      verdict.fail("faults", std::string("must be an array, not ") + kind_of(*faults));
+    if (verdict.error()) return Error{*verdict.error()};
+    notice.preflight = *preflight;
   }
   return fields.result(std::move(notice));
 }
