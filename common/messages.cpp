@@ -285,8 +285,9 @@ Parsed<FailedNotice> parse_failed(const json& message) {
       .optional("reason", notice.reason)
       .number("exit_code", notice.exit_code, false, 0, 255);
   if (const json* preflight = fields.raw("preflight", false)) {
-    // The receiver reads these fields as their types: a verdict of other types is refused here.
-    Fields verdict(*preflight, "failed: field \"preflight\"");
+    // The receiver reads these fields as their types. A verdict of other types is dropped, not
+    // the notice: the stop it carries matters more than the verdict riding on it.
+    Fields verdict(*preflight, "preflight");
     bool flag = false;
     std::string text;
     int count = 0;
@@ -299,8 +300,7 @@ Parsed<FailedNotice> parse_failed(const json& message) {
         .number("world_size", count, false, 0, kMaxCount);
     if (const json* faults = verdict.raw("faults", false); faults && !faults->is_array())
       verdict.fail("faults", std::string("must be an array, not ") + kind_of(*faults));
-    if (verdict.error()) return Error{*verdict.error()};
-    notice.preflight = *preflight;
+    if (!verdict.error()) notice.preflight = *preflight;
   }
   return fields.result(std::move(notice));
 }
