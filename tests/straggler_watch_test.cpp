@@ -282,6 +282,32 @@ TEST(StragglerWatch, ALateRankWithNoCauseOfItsOwnWhileItsCollectivesCrawlIsTheCo
       << waits.lines[0];
 }
 
+TEST(StragglerWatch, ALittleMoreCpuThanTheOthersIsNoComputeCauseForALargeLag) {
+  // Rank 0 is 200 ms late at every 500 ms step, and uses 13 % of a CPU to the others' 10 %:
+  // 15 ms more a step, which cannot be where 200 ms go (a rank behind a slow link waits).
+  Job job;
+  job.step_s = 0.5;
+  job.delay = [](int rank, int64_t) { return rank == 0 ? 0.2 : 0.0; };
+  job.cpu_per_s = [](int rank) { return rank == 0 ? 0.13 : 0.1; };
+  job.run(30);
+  ASSERT_FALSE(job.lines.empty());
+  EXPECT_NE(job.lines[0].find("; not in CPU work of its own (it used 13% of a CPU, the others "
+                              "10%, 15 ms more a step against 200 ms of lateness a step): a wait "
+                              "between its collectives"),
+            std::string::npos)
+      << job.lines[0];
+  // The same lag where its CPU beyond theirs accounts for it: its own compute.
+  Job compute;
+  compute.step_s = 0.5;
+  compute.delay = [](int rank, int64_t) { return rank == 0 ? 0.2 : 0.0; };
+  compute.cpu_per_s = [](int rank) { return rank == 0 ? 0.5 : 0.1; };
+  compute.run(30);
+  ASSERT_FALSE(compute.lines.empty());
+  EXPECT_NE(compute.lines[0].find("; in its own compute: it used 50% of a CPU, the others 10%"),
+            std::string::npos)
+      << compute.lines[0];
+}
+
 TEST(StragglerWatch, ALagThatRotatesFromRankToRankNamesNobody) {
   Job job;
   job.step_s = 0.05;

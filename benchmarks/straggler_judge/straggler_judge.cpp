@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -38,7 +39,9 @@ int main(int argc, char** argv) {
   const int ranks = flag(argc, argv, "--ranks", 64);
   const int seconds = flag(argc, argv, "--seconds", 120);
   const int step_ms = flag(argc, argv, "--step-ms", 100);
-  constexpr int kArrivalsEvery = 4, kMaxArrivals = 64, kLateRank = 1;
+  constexpr int kArrivalsEvery = 4, kLateRank = 1;
+  // As the reporters send them (worker_helper/mcprun/_progress.py): all in a job of up to 64.
+  const size_t max_arrivals = ranks <= 64 ? 256 : 64;
   constexpr int64_t kSecond = 1'000'000'000;
 
   StragglerSettings settings;
@@ -64,8 +67,8 @@ int main(int argc, char** argv) {
     wall_ns += kSecond;
     now += std::chrono::seconds(1);
     const bool with_arrivals = second % kArrivalsEvery == 0;
-    if (with_arrivals && sent.size() > kMaxArrivals)
-      sent.erase(sent.begin(), sent.end() - kMaxArrivals);
+    if (with_arrivals && sent.size() > max_arrivals)
+      sent.erase(sent.begin(), sent.end() - static_cast<std::ptrdiff_t>(max_arrivals));
     std::vector<ProgressRecord> records(static_cast<size_t>(ranks));
     for (int rank = 0; rank < ranks; ++rank) {
       ProgressRecord& record = records[static_cast<size_t>(rank)];

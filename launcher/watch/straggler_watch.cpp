@@ -43,6 +43,10 @@ constexpr double kCompletionSkewFloor = 0.05;
 // A straggler "in its own compute" uses this many times the others' CPU at least: one that uses
 // no more than they do spends its lateness waiting on something, not computing.
 constexpr double kComputeOverOthers = 1.25;
+// ...and its CPU beyond theirs, a step, covers this much of its lateness a step at least: 13 % of
+// a CPU against the others' 11 % is 10 ms more a 480 ms step, which explains no 25 ms of lateness
+// (a rank behind a slow link, whose waits are the link's).
+constexpr double kComputeCoversLateness = 2.0 / 3.0;
 // Throttled in most of its cgroup's periods: the quota, not the box, is what it runs short of.
 constexpr double kThrottledShare = 0.5;
 // A quarter of its wall clock in the data loader, and twice the others': the loader is where its
@@ -230,7 +234,8 @@ double StragglerWatch::cpu_wait_share(const std::vector<int>& ranks) const {
   return shares.empty() ? 0 : median(std::move(shares));
 }
 
-StragglerWatch::Cause StragglerWatch::cause_of(int rank) const {
+StragglerWatch::Cause StragglerWatch::cause_of(const StragglerEpisode& episode) const {
+  const int rank = episode.rank;
   const RankActivity own = activity(rank);
   std::vector<double> cpu, run_delay, data_loader;
   for (const auto& [other, history] : history_) {
@@ -258,13 +263,23 @@ StragglerWatch::Cause StragglerWatch::cause_of(int rank) const {
                         "others' {}",
                         percent(own.data_loader_share), percent(median(data_loader))),
             true};
-  if (own.cpu_share >= kComputeOverOthers * median(cpu) && own.cpu_share > 0)
+  const double others_cpu = median(cpu);
+  const double extra_cpu_s = (own.cpu_share - others_cpu) * episode.step_s;
+  const double lateness_s = episode.share * episode.median_lag_s;
+  const bool covers = episode.step_s <= 0 || extra_cpu_s >= kComputeCoversLateness * lateness_s;
+  if (own.cpu_share >= kComputeOverOthers * others_cpu && own.cpu_share > 0 && covers)
     return {fmt::format("in its own compute: it used {} of a CPU, the others {}",
-                        percent(own.cpu_share), percent(median(cpu))),
+                        percent(own.cpu_share), percent(others_cpu)),
             true};
-  return {fmt::format("not in CPU work of its own (it used {} of a CPU, the others {}): a wait "
+  // More CPU than theirs, but too little to be where its lateness goes: said with the figures.
+  const std::string beyond =
+      extra_cpu_s > 0 && episode.step_s > 0
+          ? fmt::format(", {} more a step against {} of lateness a step",
+                        human_duration(extra_cpu_s), human_duration(lateness_s))
+          : "";
+  return {fmt::format("not in CPU work of its own (it used {} of a CPU, the others {}{}): a wait "
                       "between its collectives (I/O, a lock, a sleep, its GPU)",
-                      percent(own.cpu_share), percent(median(cpu))),
+                      percent(own.cpu_share), percent(others_cpu), beyond),
           false};
 }
 
@@ -370,7 +385,7 @@ std::optional<StragglerEpisode> StragglerWatch::judge(int64_t wall_ns) const {
     episode.local_rank = info->second.local_rank;
     episode.cause_pid = info->second.pid;
   }
-  Cause cause = cause_of(episode.rank);
+  Cause cause = cause_of(episode);
   // No cause of its own while the collectives it is in crawl: a slow link delays the end of a
   // collective on some ranks more than others, and the bandwidth watch names that link.
   if (!cause.its_own && bandwidth_.runs_slow(episode.group, episode.rank)) {

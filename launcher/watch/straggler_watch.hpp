@@ -147,9 +147,9 @@ class StragglerWatch {
     std::string text;
     bool its_own = false;  ///< False: none was found, and the text says what its CPU rules out.
   };
-  /// Where its time goes: a quota, a CPU another takes, its data loader, or compute beyond the
-  /// others'.
-  Cause cause_of(int rank) const;
+  /// Where the episode's rank's time goes: a quota, a CPU another takes, its data loader, or
+  /// compute beyond the others' that accounts for its lateness.
+  Cause cause_of(const StragglerEpisode& episode) const;
   std::string describe(const StragglerEpisode& episode, bool changed) const;
 
   StragglerSettings settings_;

@@ -90,9 +90,13 @@ MAX_PENDING = 4
 MAX_FRAMES = 6
 MAX_GROUP_RANKS = 64
 HOST = socket.gethostname()
-# The straggler watch's arrivals: read every this many records, at most this many per group.
+# The straggler watch's arrivals: read every this many records, at most this many per group. A
+# job of up to 64 ranks sends every collective its recorder holds: blocks of 64 left a 10 s window
+# with one or two, which a lag rotating among three ranks could fill with one rank's turns. A
+# larger job sends blocks of 64, so that the store's node reads no more than 64 ranks send.
 ARRIVALS_EVERY = 4
-MAX_ARRIVALS = 64
+WORLD_SIZE = os.environ.get("WORLD_SIZE", "")  # mcprun sets it for every worker.
+MAX_ARRIVALS = 256 if not WORLD_SIZE.isdigit() or int(WORLD_SIZE) <= 64 else 64
 MAX_NAME_CHARS = 80
 # How often the reporter reads its groups' statuses between records, to time completions:
 # gloo's recorder keeps no completion time, NCCL's only the watchdog's. A read costs ~7 us.
