@@ -258,6 +258,23 @@ TEST(StragglerWatch, ARankLateBecauseItsLinkFinishesEachCollectiveLastIsNoStragg
   EXPECT_NE(compute.lines[0].find("straggler: rank 0 "), std::string::npos) << compute.lines[0];
 }
 
+TEST(StragglerWatch, ARankItsQuotaFreezesInsideItsCollectivesIsNamedForItsQuota) {
+  // Rank 0's quota freezes it inside collectives as well as between them: it sees each complete
+  // last and arrives late at the next, as a rank behind a slow link does, but the cause is its own.
+  Job job;
+  job.step_s = 1;
+  job.delay = [](int rank, int64_t) { return rank == 0 ? 0.5 : 0.0; };
+  job.done_delay = [](int rank, int64_t) { return rank == 0 ? 0.5 : 0.0; };
+  job.quota = [](int rank) { return rank == 0 ? std::pair{0.15, 0.8} : std::pair{0.0, 0.0}; };
+  job.cpu_per_s = [](int rank) { return rank == 0 ? 0.15 : 1.0; };
+  job.run(60);
+  ASSERT_FALSE(job.lines.empty());
+  EXPECT_NE(job.lines[0].find("straggler: rank 0 "), std::string::npos) << job.lines[0];
+  EXPECT_NE(job.lines[0].find("; throttled by its cgroup's CPU quota (15% of a core)"),
+            std::string::npos)
+      << job.lines[0];
+}
+
 TEST(StragglerWatch, ALateRankWithNoCauseOfItsOwnWhileItsCollectivesCrawlIsTheCollectivesCase) {
   // A link cut mid-job: from collective 30 each all-reduce takes 500 ms and ends later on rank 0,
   // which arrives 400 ms late at the next; its CPU is the others'. The reporters time a quarter

@@ -370,10 +370,12 @@ std::optional<StragglerEpisode> StragglerWatch::judge(int64_t wall_ns) const {
   if (episode.cost_share < settings_.min_cost_share || episode.wait_share < kMostOfTheWaits ||
       episode.share < settings_.min_share || its_lags.size() < kMinLateSteps)
     return std::nullopt;
-  // Late because the collective before finished last for it, at most steps where that is known:
-  // a slow link on its ring, which the bandwidth watch names, not a rank slow in its own code.
+  Cause cause = cause_of(episode);
+  // Late because the collective before finished last for it, at most steps where that is known,
+  // with no cause of its own: a slow link on its ring, which the bandwidth watch names. A rank
+  // that its quota freezes inside a collective finishes it last too, and is a straggler.
   if (const auto [previous, known] = from_previous[episode.rank];
-      known > 0 && 2 * previous > known) {
+      !cause.its_own && known > 0 && 2 * previous > known) {
     spdlog::debug(
         "straggler watch: rank {} arrived late because the previous collective finished last "
         "for it at {} of {} timed steps: a slow collective or link, not a straggler",
@@ -385,7 +387,6 @@ std::optional<StragglerEpisode> StragglerWatch::judge(int64_t wall_ns) const {
     episode.local_rank = info->second.local_rank;
     episode.cause_pid = info->second.pid;
   }
-  Cause cause = cause_of(episode);
   // No cause of its own while the collectives it is in crawl: a slow link delays the end of a
   // collective on some ranks more than others, and the bandwidth watch names that link.
   if (!cause.its_own && bandwidth_.runs_slow(episode.group, episode.rank)) {
