@@ -313,6 +313,20 @@ TEST(StragglerWatch, ALittleMoreCpuThanTheOthersIsNoComputeCauseForALargeLag) {
                               "between its collectives"),
             std::string::npos)
       << job.lines[0];
+  // Beside a CPU hog: 17 % of a CPU more at a 66 ms step is 11 ms, for 19 ms of lateness, and
+  // it waited for a CPU 20 % of the time (the others 15 %), which stretches those 11 ms to 17 of
+  // wall clock: its own compute.
+  Job hogged;
+  hogged.step_s = 0.064;
+  std::uniform_real_distribution<double> jitter(0, 0.002);
+  hogged.delay = [&](int rank, int64_t) { return rank == 1 ? 0.019 : jitter(noise()); };
+  hogged.cpu_per_s = [](int rank) { return rank == 1 ? 0.41 : 0.24; };
+  hogged.run_delay_per_s = [](int rank) { return rank == 1 ? 0.2 : 0.15; };
+  hogged.run(30);
+  ASSERT_FALSE(hogged.lines.empty());
+  EXPECT_NE(hogged.lines[0].find("; in its own compute: it used 41% of a CPU, the others 24%"),
+            std::string::npos)
+      << hogged.lines[0];
   // The same lag where its CPU beyond theirs accounts for it: its own compute.
   Job compute;
   compute.step_s = 0.5;

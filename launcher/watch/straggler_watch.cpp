@@ -43,9 +43,10 @@ constexpr double kCompletionSkewFloor = 0.05;
 // A straggler "in its own compute" uses this many times the others' CPU at least: one that uses
 // no more than they do spends its lateness waiting on something, not computing.
 constexpr double kComputeOverOthers = 1.25;
-// ...and its CPU beyond theirs, a step, covers this much of its lateness a step at least: 13 % of
-// a CPU against the others' 11 % is 10 ms more a 480 ms step, which explains no 25 ms of lateness
-// (a rank behind a slow link, whose waits are the link's).
+// ...and its CPU beyond theirs, a step, stretched by its waits for a CPU while it ran, covers this
+// much of its lateness a step at least: 13 % of a CPU against the others' 11 % is 10 ms more a
+// 480 ms step, which explains no 25 ms of lateness (a rank behind a slow link, whose waits are the
+// link's); beside a CPU hog, 11 ms more CPU took 16 ms of wall clock.
 constexpr double kComputeCoversLateness = 2.0 / 3.0;
 // Throttled in most of its cgroup's periods: the quota, not the box, is what it runs short of.
 constexpr double kThrottledShare = 0.5;
@@ -265,8 +266,10 @@ StragglerWatch::Cause StragglerWatch::cause_of(const StragglerEpisode& episode) 
             true};
   const double others_cpu = median(cpu);
   const double extra_cpu_s = (own.cpu_share - others_cpu) * episode.step_s;
+  const double stretch = own.cpu_share > 0 ? 1 + own.run_delay_share / own.cpu_share : 1;
   const double lateness_s = episode.share * episode.median_lag_s;
-  const bool covers = episode.step_s <= 0 || extra_cpu_s >= kComputeCoversLateness * lateness_s;
+  const bool covers =
+      episode.step_s <= 0 || extra_cpu_s * stretch >= kComputeCoversLateness * lateness_s;
   if (own.cpu_share >= kComputeOverOthers * others_cpu && own.cpu_share > 0 && covers)
     return {fmt::format("in its own compute: it used {} of a CPU, the others {}",
                         percent(own.cpu_share), percent(others_cpu)),
