@@ -2,12 +2,20 @@
 # The one test command: installs dependencies, builds, runs every test, then builds with clang,
 # AddressSanitizer + UndefinedBehaviorSanitizer and runs every test there too, then fuzzes in that
 # same build. Each end-to-end suite that starts torch workers runs once per torch: on 1.13 against
-# the plain build, on 2.13 against the sanitizer build. Ends with each phase's time, also when one
-# fails.
+# the plain build, on 2.13 against the sanitizer build. Ends with the end-to-end suites that took
+# most CPU and each phase's time, also when one fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 phases=()
-trap 'echo "== phase times"; printf "%s\n" "${phases[@]}"' EXIT
+suite_times() {  # The end-to-end suites that took most CPU, from tests/e2e/run_suite.py's records.
+  for dir in build/suite-times build-sanitizers/suite-times; do
+    [ -d "$dir" ] || continue
+    echo "== end-to-end suites in ${dir%/suite-times}: wall s, CPU s (the suite and what it waited for)"
+    cat "$dir"/* | sort -k2,2nr | head -15 | awk '{ printf "%5d %5d  %s\n", $1, $2, $3 }'
+    cat "$dir"/* | awk '{ wall += $1; cpu += $2 } END { printf "%5d %5d  all %d suites\n", wall, cpu, NR }'
+  done
+}
+trap 'suite_times; echo "== phase times"; printf "%s\n" "${phases[@]}"' EXIT
 phase() {  # phase NAME COMMAND...: runs it and records how long it took, and how it failed.
   local name=$1 start=$SECONDS status=0
   shift
@@ -32,15 +40,17 @@ jobs=$(($(nproc) * 2))
 # sanitizers below, so every suite still meets both torches, and mcprun's code, which is the same
 # for both, is not run twice more than that. A suite with no torch runs once: here what times or
 # draws what a person sees (terminal, scale), there what feeds the daemon hostile input.
+rm -rf build/suite-times build-sanitizers/suite-times
 phase "tests (torch 1.13)" in_dir build ctest --output-on-failure -j "$jobs" \
   -E 'torch2\.13$|^e2e\.test_(hostile_peers|service|docs)$'
 
 # One clang build serves the sanitizers and the fuzz targets, which need clang: no third build.
 # Line tables are all a sanitizer's report needs, and -O0 compiles in less than half the time of
 # -O1, which only a long fuzzing run would repay (FUZZ_SECONDS=600 scripts/fuzz.sh builds at -O2).
+# A unity build: no wheel reuses these objects.
 phase "build (clang, ASan + UBSan, fuzz targets, -Werror)" env BUILD_DIR=build-sanitizers \
   BUILD_TYPE=Debug scripts/build.sh -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_CXX_FLAGS_DEBUG=-gline-tables-only \
-  -DMCPRUN_SANITIZE=ON -DMCPRUN_FUZZ=ON -DMCPRUN_BENCHMARKS=OFF
+  -DMCPRUN_SANITIZE=ON -DMCPRUN_FUZZ=ON -DMCPRUN_BENCHMARKS=OFF -DCMAKE_UNITY_BUILD=ON
 # The sanitizers check mcprun's own memory on every suite; 2.13 drives more of the job store (its
 # dialect's handshake, PING, queues) than 1.13, whose dialect the unit tests replay here too. The
 # chaos test ran above, once: it watches the daemon's RSS round to round, which ASan's quarantine
