@@ -8,14 +8,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 phases=()
 suite_times() {  # The end-to-end suites that took most CPU, from tests/e2e/run_suite.py's records.
+  local dir
   for dir in build/suite-times build-sanitizers/suite-times; do
     [ -d "$dir" ] || continue
     echo "== end-to-end suites in ${dir%/suite-times}: wall s, CPU s (the suite and what it waited for)"
-    cat "$dir"/* | sort -k2,2nr | head -15 | awk '{ printf "%5d %5d  %s\n", $1, $2, $3 }'
-    cat "$dir"/* | awk '{ wall += $1; cpu += $2 } END { printf "%5d %5d  all %d suites\n", wall, cpu, NR }'
+    sort -k2,2nr "$dir"/* | awk 'NR <= 15 { printf "%5d %5d  %s\n", $1, $2, $3 }'
+    awk '{ wall += $1; cpu += $2 } END { printf "%5d %5d  all %d suites\n", wall, cpu, NR }' "$dir"/*
   done
 }
-trap 'suite_times; echo "== phase times"; printf "%s\n" "${phases[@]}"' EXIT
+# A report that cannot be read never changes the test command's exit status.
+trap 'suite_times || true; echo "== phase times"; printf "%s\n" "${phases[@]}"' EXIT
 phase() {  # phase NAME COMMAND...: runs it and records how long it took, and how it failed.
   local name=$1 start=$SECONDS status=0
   shift
