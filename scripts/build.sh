@@ -6,22 +6,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir=${BUILD_DIR:-build}
 targets=()
-# A unity build (a library's sources compiled eight to a file) takes under half the CPU time of one
-# file at a time. Not by default: the wheel's build reuses this build's objects through ccache
-# only where their compile lines name the same source files (tests/e2e/test_wheel.py).
-unity=OFF
 if [ "${1:-}" = --programs ]; then
   targets=(--target mcprun rendezvousd mcprun_python)
-  unity=ON
   shift
 fi
-# Through ccache where it is installed, so that the wheel's build (tests/e2e/test_wheel.py), whose
-# compile lines are these in another folder, reuses these objects: the folder stays out of the hash.
+# Through ccache where it is installed: a build folder made again compiles nothing it compiled before.
 launcher=()
 if command -v ccache >/dev/null; then
   launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-  export CCACHE_NOHASHDIR=1 CCACHE_BASEDIR=
 fi
+# A unity build (a library's sources compiled eight to a file) takes under half the CPU time of one
+# file at a time; -DCMAKE_UNITY_BUILD=OFF after it for a folder where one file changes at a time.
 cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-RelWithDebInfo}" -DMCPRUN_WERROR=ON \
-  -DCMAKE_UNITY_BUILD=$unity "${launcher[@]}" "$@" >/dev/null
+  -DCMAKE_UNITY_BUILD=ON "${launcher[@]}" "$@" >/dev/null
 cmake --build "$build_dir" -j "$(nproc)" "${targets[@]}"

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The one test command: installs dependencies, builds, runs every test, then builds with clang,
-# AddressSanitizer + UndefinedBehaviorSanitizer and runs every test there too, then fuzzes in that
-# same build. Each end-to-end suite that starts torch workers runs once per torch: on 1.13 against
-# the plain build, on 2.13 against the sanitizer build. Ends with the end-to-end suites that took
-# most CPU and each phase's time, also when one fails.
+# The one test command: installs dependencies, builds the programs with gcc and runs the end-to-end
+# suites on torch 1.13 against them while clang builds everything with AddressSanitizer +
+# UndefinedBehaviorSanitizer at idle priority, then runs the unit tests and the suites on torch 2.13
+# in that build, then fuzzes there. Each end-to-end suite that starts torch workers runs once per
+# torch. Ends with the end-to-end suites that took most CPU and each phase's time, also when one
+# fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 phases=()
@@ -17,7 +18,15 @@ suite_times() {  # The end-to-end suites that took most CPU, from tests/e2e/run_
   done
 }
 # A report that cannot be read never changes the test command's exit status.
-trap 'suite_times || true; echo "== phase times"; printf "%s\n" "${phases[@]}"' EXIT
+clang_build=
+finish() {
+  # An interrupted run leaves no compiler behind (the build runs in its own process group).
+  [ -z "$clang_build" ] || kill -- "-$clang_build" 2>/dev/null || true
+  suite_times || true
+  echo "== phase times"
+  printf "%s\n" "${phases[@]}"
+}
+trap finish EXIT
 phase() {  # phase NAME COMMAND...: runs it and records how long it took, and how it failed.
   local name=$1 start=$SECONDS status=0
   shift
@@ -34,25 +43,41 @@ phase "install" scripts/install-deps.sh
 phase "format (clang-format --dry-run -Werror)" \
   bash -c 'git ls-files -z "*.cpp" "*.hpp" | xargs -0 clang-format-14 --dry-run -Werror'
 
-phase "build (gcc, RelWithDebInfo, -Werror)" env BUILD_DIR=build scripts/build.sh
-# ctest's -j: no more CPU-bound suites side by side than CPUs (cpus.json, tests/CMakeLists.txt); the
-# rest of it runs what mostly waits.
-jobs=$(($(nproc) * 2))
-# Unit tests and the end-to-end suites on torch 1.13; their torch 2.13 twins run under the
-# sanitizers below, so every suite still meets both torches, and mcprun's code, which is the same
-# for both, is not run twice more than that. A suite with no torch runs once: here what times or
-# draws what a person sees (terminal, scale), there what feeds the daemon hostile input.
+# The programs and the scale suite's load generators: what the suites below run. The unit tests are
+# built once, in the sanitizer build, where they check more.
+phase "build (gcc, RelWithDebInfo, -Werror)" env BUILD_DIR=build scripts/build.sh -DMCPRUN_UNIT_TESTS=OFF
+
+# One clang build serves the unit tests, the sanitizers and the fuzz targets, which need clang: no
+# third build. Line tables are all a sanitizer's report needs, and -O0 compiles in less than half the
+# time of -O1, which only a long fuzzing run would repay (FUZZ_SECONDS=600 scripts/fuzz.sh builds at
+# -O2). At idle priority (SCHED_IDLE), beside the 1.13 suites: it takes only the CPU they leave
+# while they wait on their timeouts, and their watchdogs hold beside a build as beside any load.
+clang_log=$(mktemp)
+setsid -w chrt --idle 0 env BUILD_DIR=build-sanitizers BUILD_TYPE=Debug scripts/build.sh \
+  -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_CXX_FLAGS_DEBUG=-gline-tables-only -DMCPRUN_SANITIZE=ON \
+  -DMCPRUN_FUZZ=ON -DMCPRUN_BENCHMARKS=OFF >"$clang_log" 2>&1 &
+clang_build=$! clang_start=$SECONDS
+wait_for_clang_build() {
+  local status=0
+  wait "$clang_build" || status=$?
+  clang_build=
+  cat "$clang_log"
+  echo "(the clang build took $((SECONDS - clang_start)) s from its start beside the 1.13 suites)"
+  return $status
+}
+
+# ctest's -j: the CPU-bound suites side by side that cpus.json allows (tests/CMakeLists.txt), and room
+# beside them for the tests that mostly wait.
+jobs=$(($(nproc) * 3))
+# The end-to-end suites on torch 1.13; their torch 2.13 twins run under the sanitizers below, so
+# every suite still meets both torches, and mcprun's code, which is the same for both, is not run
+# twice more than that. A suite with no torch runs once: here what times or draws what a person
+# sees (terminal, scale), there what feeds the daemon hostile input.
 rm -rf build/suite-times build-sanitizers/suite-times
 phase "tests (torch 1.13)" in_dir build ctest --output-on-failure -j "$jobs" \
   -E 'torch2\.13$|^e2e\.test_(hostile_peers|service|docs)$'
-
-# One clang build serves the sanitizers and the fuzz targets, which need clang: no third build.
-# Line tables are all a sanitizer's report needs, and -O0 compiles in less than half the time of
-# -O1, which only a long fuzzing run would repay (FUZZ_SECONDS=600 scripts/fuzz.sh builds at -O2).
-# A unity build: no wheel reuses these objects.
-phase "build (clang, ASan + UBSan, fuzz targets, -Werror)" env BUILD_DIR=build-sanitizers \
-  BUILD_TYPE=Debug scripts/build.sh -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_CXX_FLAGS_DEBUG=-gline-tables-only \
-  -DMCPRUN_SANITIZE=ON -DMCPRUN_FUZZ=ON -DMCPRUN_BENCHMARKS=OFF -DCMAKE_UNITY_BUILD=ON
+phase "build (clang, ASan + UBSan, fuzz targets, -Werror): the wait after the 1.13 suites" \
+  wait_for_clang_build
 # The sanitizers check mcprun's own memory on every suite; 2.13 drives more of the job store (its
 # dialect's handshake, PING, queues) than 1.13, whose dialect the unit tests replay here too. The
 # chaos test ran above, once: it watches the daemon's RSS round to round, which ASan's quarantine

@@ -19,6 +19,9 @@
 namespace mcprun {
 namespace {
 
+// Only a failure waits this long: a loaded box (ctest -j beside ASan) can delay a read by seconds.
+constexpr std::chrono::seconds kWaitAtMost{10};
+
 TEST(ConsolePrefix, DefaultIsRankWhenSeveral) {
   EXPECT_EQ(console_prefix(std::nullopt, 3, 1, "default", true), "[rank3]:");
   EXPECT_EQ(console_prefix(std::nullopt, 0, 0, "default", false), "");
@@ -69,10 +72,10 @@ struct TerminalConsole {
     ::cfmakeraw(&mode);
     ::tcsetattr(slave, TCSANOW, &mode);
   }
-  /// What reached the screen, once it holds `expected` bytes or a second passed.
+  /// What reached the screen, once it holds `expected` bytes or kWaitAtMost passed.
   std::string read(size_t expected) const {
     std::string text;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    const auto deadline = std::chrono::steady_clock::now() + kWaitAtMost;
     char buffer[4096];
     while (text.size() < expected && std::chrono::steady_clock::now() < deadline) {
       pollfd ready{screen.get(), POLLIN, 0};
@@ -89,7 +92,7 @@ void write_to(int fd, std::string_view text) {
   ASSERT_EQ(::write(fd, text.data(), text.size()), static_cast<ssize_t>(text.size()));
 }
 
-/// Runs the loop until the console has `expected` bytes or a second passes.
+/// Runs the loop until the console has `expected` bytes or kWaitAtMost passes.
 std::string read_console(boost::asio::io_context& io, const PipeConsole& console, size_t expected) {
   std::string seen;
   run_until(
@@ -98,7 +101,7 @@ std::string read_console(boost::asio::io_context& io, const PipeConsole& console
         seen += console.drain();
         return seen.size() >= expected;
       },
-      std::chrono::seconds(1));
+      kWaitAtMost);
   return seen;
 }
 
@@ -283,7 +286,7 @@ TEST(RankOutput, ProgressUpdatesArriveAsWrittenAndWholeLinesStayWhole) {
   EXPECT_EQ(read_console(io, out, 23), "[rank0]:\x1b[32mgreen\x1b[0m\n");
   rank.close_child_ends();
   run_until(
-      io, [&] { return rank.drained(); }, std::chrono::seconds(1));
+      io, [&] { return rank.drained(); }, kWaitAtMost);
   ASSERT_TRUE(rank.drained());
   ASSERT_EQ(rank.tail().size(), 3u);
   EXPECT_EQ(rank.tail()[0], "progress 1");
@@ -319,7 +322,7 @@ struct RankLoggingToAFullDisk {
   void close() {
     rank.close_child_ends();
     run_until(
-        io, [&] { return rank.drained(); }, std::chrono::seconds(1));
+        io, [&] { return rank.drained(); }, kWaitAtMost);
   }
 };
 
@@ -364,7 +367,7 @@ TEST(RankOutput, AReadThatSplitsACharacterShowsItWhenItsLastByteComes) {
   EXPECT_EQ(read_console(io, out, 17), "\r[rank0]: 50%|\xe2\x96\x88");
   rank.close_child_ends();
   run_until(
-      io, [&] { return rank.drained(); }, std::chrono::seconds(1));
+      io, [&] { return rank.drained(); }, kWaitAtMost);
 }
 
 TEST(RankOutput, AWorkerBehindAPrefixGetsATerminalThatMuchNarrower) {
@@ -412,7 +415,7 @@ TEST(RankOutput, AWorkerOnATerminalConsoleGetsATerminalOfItsOwnSizedAsIt) {
   write_to(rank.child_stdout(), "line\n");
   rank.close_child_ends();
   run_until(
-      io, [&] { return rank.drained(); }, std::chrono::seconds(1));
+      io, [&] { return rank.drained(); }, kWaitAtMost);
   ASSERT_EQ(rank.tail().size(), 1u);
   EXPECT_EQ(rank.tail()[0], "line");
 }

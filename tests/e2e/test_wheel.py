@@ -73,11 +73,8 @@ class WheelTest(unittest.TestCase):
 
     @classmethod
     def build_and_install(cls):
-        # The compile lines of scripts/build.sh, through ccache: the plain build's objects serve
-        # this one, whose build folder and link (static libraries) are its own.
         # CXX: CMake's own pick, which scikit-build-core would replace with Python's build compiler.
-        cls.build_env = dict(os.environ, CMAKE_GENERATOR="Unix Makefiles", CMAKE_BUILD_PARALLEL_LEVEL="2", CXX="c++",
-                             CMAKE_CXX_COMPILER_LAUNCHER="ccache", CCACHE_NOHASHDIR="1", CCACHE_BASEDIR="")
+        cls.build_env = dict(os.environ, CMAKE_GENERATOR="Unix Makefiles", CMAKE_BUILD_PARALLEL_LEVEL="2", CXX="c++")
         dist = os.path.join(cls.tmp, "dist")
         built = run([os.path.join(REPO, "scripts", "build-wheel"), f"--config-settings=build-dir={cls.tmp}/cmake",
                      "--config-settings=cmake.define.MCPRUN_WERROR=ON"],
