@@ -118,7 +118,7 @@ class Launch {
   std::unique_ptr<WorkerGroup> group_;
   std::unique_ptr<boost::asio::steady_timer> job_deadline_;
   bool timed_out_ = false;
-  std::unique_ptr<RendezvousClient> rendezvous_;
+  std::unique_ptr<RendezvousBackend> rendezvous_;
   bool membership_change_ = false;
   bool in_preflight_ = false;  ///< The preflight's ranks run: their ending is no job failure.
   nlohmann::json peer_preflight_verdict_;  ///< The verdict of a node that stopped the preflight.

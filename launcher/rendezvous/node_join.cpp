@@ -76,6 +76,11 @@ Expected<std::optional<NodeLease>> lease_from_local_daemon(boost::asio::io_conte
   return std::optional<NodeLease>(std::move(lease));
 }
 
+std::unique_ptr<RendezvousBackend> rendezvous_backend(boost::asio::io_context& io,
+                                                      const LaunchConfig& config) {
+  return std::make_unique<RendezvousClient>(io, config.rdzv_endpoint);
+}
+
 std::unique_ptr<RendezvousServer> host_embedded_rendezvous(boost::asio::io_context& io,
                                                            const LaunchConfig& config) {
   // A unix socket or a malformed endpoint is never hosted here; the client says what is wrong.

@@ -1,6 +1,6 @@
-// What a node brings to the rendezvous: the GPU lease from the box's own rendezvousd, the round's
-// server hosted in-process when this node is the endpoint (torchrun's c10d backend), and the join
-// message it sends each round.
+// What a node brings to the rendezvous: the GPU lease from the box's own rendezvousd, the backend
+// it joins through, the round's server hosted in-process when this node is the endpoint
+// (torchrun's c10d backend), and the join message it sends each round.
 #pragma once
 
 #include <boost/asio/io_context.hpp>
@@ -30,6 +30,11 @@ Expected<std::optional<NodeLease>> lease_from_local_daemon(boost::asio::io_conte
                                                            const LaunchConfig& config,
                                                            const Environment& inherited,
                                                            const std::vector<GpuDevice>& gpus);
+
+/// The backend --rdzv-backend names, for one round: rendezvousd's protocol at --rdzv-endpoint (a
+/// rendezvousd, or the agent hosting the round).
+std::unique_ptr<RendezvousBackend> rendezvous_backend(boost::asio::io_context& io,
+                                                      const LaunchConfig& config);
 
 /// Hosts the rendezvous in-process when this node is the endpoint (--rdzv-endpoint names this
 /// machine, or --is-host says so) and nothing listens there yet; nullptr otherwise.

@@ -17,6 +17,7 @@
 #include "common/framed_session.hpp"
 #include "common/messages.hpp"
 #include "launcher/plan/rank_plan.hpp"
+#include "launcher/rendezvous/rendezvous_backend.hpp"
 #include "rendezvous/rendezvous_round.hpp"
 
 namespace mcprun {
@@ -33,9 +34,6 @@ inline constexpr std::chrono::milliseconds kReconnectBackoffMax{1000};
 /// enough that a dead one does not hold up this node's exit.
 inline constexpr std::chrono::seconds kReportFlushTimeout{2};
 
-/// This node's share of a completed round.
-using Assignment = JobPlacement;
-
 /// GPUs and a master port the local rendezvousd leased to this job, for as long as the client
 /// stays connected.
 struct GrantedLease {
@@ -43,28 +41,11 @@ struct GrantedLease {
   int port = 0;
 };
 
-/// What another node told us: stop the group.
-struct PeerStop {
-  std::string reason;              ///< "node b: rank 3 exited with exit code 7", "node c lost", ...
-  int exit_code = 0;               ///< The exit code this node should end with.
-  bool membership_change = false;  ///< A node joins: re-form without spending a restart.
-  nlohmann::json preflight = nullptr;  ///< The sender's preflight verdict when that is what failed.
-};
-
-/// What the other nodes say while the workers run; each handler is optional.
-struct PeerEvents {
-  std::function<void(const PeerStop&)> on_stop;         ///< At most once.
-  std::function<void(const nlohmann::json&)> on_stall;  ///< A StallNotice, at most once.
-  /// A node's ranks when it stalled: RankProgress objects (launcher/watch/stall_report.hpp).
-  std::function<void(const std::string& node, const nlohmann::json& ranks)> on_stall_report;
-  std::function<void(const std::string&)> on_barrier_done;  ///< Every rank reached it.
-  std::function<void(const std::string&)> on_straggler;     ///< The store host's line, as sent.
-};
-
-/// One connection to rendezvousd (or the embedded server): "HOST:PORT", or "unix:PATH" for an
-/// agent on the daemon's own host. Each connection is a FramedSession with kUnmeteredLimits: the
-/// protocol's frame cap and the write-queue cap every connection has.
-class RendezvousClient {
+/// The rendezvous through rendezvousd's protocol: one connection to rendezvousd (or the embedded
+/// server), "HOST:PORT", or "unix:PATH" for an agent on the daemon's own host. Each connection is
+/// a FramedSession with kUnmeteredLimits: the protocol's frame cap and the write-queue cap every
+/// connection has.
+class RendezvousClient final : public RendezvousBackend {
  public:
   RendezvousClient(boost::asio::io_context& io, std::string endpoint);
   /// Closes the connection; handlers still queued see that the client is gone.
@@ -72,29 +53,20 @@ class RendezvousClient {
   RendezvousClient(const RendezvousClient&) = delete;
   RendezvousClient& operator=(const RendezvousClient&) = delete;
 
-  /// Connects and sends `join` (from this connection's address unless it names one), then waits
-  /// for the assignment up to `limit`. On failure: one line.
-  Expected<Assignment> join(JoinMessage join, std::chrono::milliseconds limit);
-  /// Connects and asks for GPUs and a port; waits up to `limit`.
+  /// RendezvousBackend, over the connection: join connects and sends `join` (from the
+  /// connection's address unless it names one); heartbeats run from then on.
+  Expected<Assignment> join(JoinMessage join, std::chrono::milliseconds limit) override;
+  void watch(PeerEvents events) override;
+  void send(const AgentMessage& message) override;
+  void report_failure(const std::string& reason, int exit_code,
+                      nlohmann::json preflight = nullptr) override;
+  void await_failure_noted(std::chrono::milliseconds limit) override;
+  void report_done() override;
+  std::string local_address() const override;
+  const std::optional<std::string>& job_closed() const override { return job_closed_; }
+
+  /// Connects and asks the box's rendezvousd for GPUs and a port; waits up to `limit`.
   Expected<GrantedLease> lease(LeaseRequest request, std::chrono::milliseconds limit);
-  /// Listens for the other nodes (heartbeats already run since the join was accepted).
-  void watch(PeerEvents events);
-  /// Sends a message: to every other node of the job a stall, stall report, straggler line or
-  /// barrier arrival.
-  void send(const AgentMessage& message);
-  /// Tells every other node to stop; `exit_code` is what they should exit with, and
-  /// `preflight` the check's verdict when it is what failed.
-  void report_failure(const std::string& reason, int exit_code, nlohmann::json preflight = nullptr);
-  /// Waits up to `limit` for the rendezvous to answer report_failure(), after which job_closed()
-  /// says whether the job can restart.
-  void await_failure_noted(std::chrono::milliseconds limit);
-  /// Tells the rendezvous this node finished cleanly.
-  void report_done();
-  /// The local address of the connection: the one this node reaches the rendezvous from.
-  std::string local_address() const;
-  /// Why the job cannot restart, once the rendezvous said so (another node already finished):
-  /// in answer to a join, or when the round ended.
-  const std::optional<std::string>& job_closed() const { return job_closed_; }
 
  private:
   class Connection;

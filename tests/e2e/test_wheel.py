@@ -61,22 +61,29 @@ class WheelTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.tmp = tempfile.mkdtemp(prefix="mcprun-wheel-")
+        cls.build_dir = ""
         try:
             cls.build_and_install()
         except BaseException:
-            shutil.rmtree(cls.tmp, ignore_errors=True)
+            cls.tearDownClass()
             raise
 
     @classmethod
     def tearDownClass(cls):
         shutil.rmtree(cls.tmp, ignore_errors=True)
+        shutil.rmtree(cls.build_dir, ignore_errors=True)
 
     @classmethod
     def build_and_install(cls):
+        # The compile lines of scripts/build.sh, through ccache, from a build folder beside its build/:
+        # with the paths under the repository relative to the folder (CCACHE_BASEDIR), the plain
+        # build's objects serve this one, whose link (static libraries) is its own.
         # CXX: CMake's own pick, which scikit-build-core would replace with Python's build compiler.
-        cls.build_env = dict(os.environ, CMAKE_GENERATOR="Unix Makefiles", CMAKE_BUILD_PARALLEL_LEVEL="2", CXX="c++")
+        cls.build_env = dict(os.environ, CMAKE_GENERATOR="Unix Makefiles", CMAKE_BUILD_PARALLEL_LEVEL="2", CXX="c++",
+                             CMAKE_CXX_COMPILER_LAUNCHER="ccache", CCACHE_NOHASHDIR="1", CCACHE_BASEDIR=REPO)
+        cls.build_dir = tempfile.mkdtemp(prefix="build-wheel-", dir=REPO)
         dist = os.path.join(cls.tmp, "dist")
-        built = run([os.path.join(REPO, "scripts", "build-wheel"), f"--config-settings=build-dir={cls.tmp}/cmake",
+        built = run([os.path.join(REPO, "scripts", "build-wheel"), f"--config-settings=build-dir={cls.build_dir}",
                      "--config-settings=cmake.define.MCPRUN_WERROR=ON"],
                     cwd=cls.tmp, env=dict(cls.build_env, OUT_DIR=dist, TOOLS_PYTHON=TOOLS_PYTHON))
         assert built.returncode == 0, built.stdout[-4000:] + built.stderr[-4000:]
