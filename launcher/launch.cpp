@@ -213,8 +213,7 @@ void Launch::draw_collectives(const std::string& title, const std::string& note,
 }
 
 std::optional<int> Launch::join_round(int restart_count) {
-  rendezvous_.reset();
-  auto client = rendezvous_backend(io_, config_);
+  auto client = rendezvous_backend(io_, config_, std::move(rendezvous_));
   join_.restart_count = restart_count;
   spdlog::info("joining job '{}' at {} ({} node(s) expected, up to {} s)", config_.rdzv_id,
                config_.rdzv_endpoint, config_.nnodes, config_.join_timeout);

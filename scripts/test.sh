@@ -72,10 +72,11 @@ jobs=$(($(nproc) * 3))
 # The end-to-end suites on torch 1.13; their torch 2.13 twins run under the sanitizers below, so
 # every suite still meets both torches, and mcprun's code, which is the same for both, is not run
 # twice more than that. A suite with no torch runs once: here what times or draws what a person
-# sees (terminal, scale), there what feeds the daemon hostile input.
+# sees (terminal, scale), there what feeds the daemon hostile input or drives the etcd client's
+# threads.
 rm -rf build/suite-times build-sanitizers/suite-times
 phase "tests (torch 1.13)" in_dir build ctest --output-on-failure -j "$jobs" \
-  -E 'torch2\.13$|^e2e\.test_(hostile_peers|service|docs)$'
+  -E 'torch2\.13$|^e2e\.test_(hostile_peers|service|docs|etcd)$'
 phase "build (clang, ASan + UBSan, fuzz targets, -Werror): the wait after the 1.13 suites" \
   wait_for_clang_build
 # The sanitizers check mcprun's own memory on every suite; 2.13 drives more of the job store (its

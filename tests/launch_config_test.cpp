@@ -238,6 +238,48 @@ TEST(LaunchConfig, TorchrunRdzvConfKeysAreAcceptedWithOneWarning) {
         << text;
 }
 
+TEST(LaunchConfig, EtcdBackendsTakeTheMembersAndTorchrunsEtcdKeys) {
+  for (const char* backend : {"etcd", "etcd-v2"}) {
+    LaunchConfig config = parse_ok(
+        {"--nnodes", "2:4", "--rdzv-backend", backend, "--rdzv-endpoint",
+         "e1:2379,https://e2,e3:2381", "--rdzv-conf",
+         "timeout=30,last_call_timeout=2,protocol=https,cacert=ca.pem,cert=c.pem,key=k.pem",
+         "t.py"});
+    EXPECT_TRUE(config.uses_etcd());
+    EXPECT_EQ(config.join_timeout, 30);
+    EXPECT_EQ(config.last_call_timeout, 2);
+    EXPECT_TRUE(config.etcd_tls.https);
+    EXPECT_EQ(config.etcd_tls.cacert, "ca.pem");
+    EXPECT_EQ(config.etcd_tls.cert, "c.pem");
+    EXPECT_EQ(config.etcd_tls.key, "k.pem");
+    EXPECT_TRUE(config.warnings.empty()) << config.warnings[0];
+    auto members = etcd_members(config.rdzv_endpoint);
+    ASSERT_TRUE(members) << members.error().message;
+    EXPECT_EQ(*members,
+              (std::vector<Endpoint>{{"e1", 2379, ""}, {"e2", 2379, ""}, {"e3", 2381, ""}}));
+  }
+  // Every mistake in the members or the TLS keys is one line before anything starts.
+  const std::vector<std::string> etcd = {"--nnodes", "2", "--rdzv-backend", "etcd"};
+  for (const auto& extra : std::vector<std::vector<std::string>>{
+           {"--rdzv-endpoint", "e1:99999"},
+           {"--rdzv-endpoint", ","},
+           {"--rdzv-endpoint", "e1", "--rdzv-conf", "protocol=ftp"},
+           {"--rdzv-endpoint", "e1", "--rdzv-conf", "protocol=https,cert=c.pem"},
+           {"--rdzv-endpoint", "e1", "--rdzv-conf", "cacert=ca.pem"},
+           {"--rdzv-endpoint", "e1", "--rdzv-conf", "timeout=never"}}) {
+    std::vector<std::string> args = etcd;
+    args.insert(args.end(), extra.begin(), extra.end());
+    args.push_back("t.py");
+    const std::string message = parse_error(args);
+    EXPECT_NE(message.find("--rdzv-"), std::string::npos) << message;
+    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+  }
+  EXPECT_NE(
+      parse_error({"--nnodes", "2", "--rdzv-backend", "zookeeper", "--rdzv-endpoint", "z", "t.py"})
+          .find("expected static, c10d, or etcd"),
+      std::string::npos);
+}
+
 TEST(LaunchConfig, StaticRdzvEndpointIsTheMaster) {
   LaunchConfig config = parse_ok({"--rdzv-endpoint", "10.1.2.3:29611", "t.py"});
   EXPECT_EQ(config.master_addr, "10.1.2.3");

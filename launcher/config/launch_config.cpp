@@ -104,12 +104,22 @@ Expected<void> apply_rdzv_conf(const std::string& text, LaunchConfig& config) {
     const std::string key = unquoted(item.substr(0, eq));
     const std::string value = eq == std::string::npos ? "" : unquoted(item.substr(eq + 1));
     if (value.empty()) return Error{"--rdzv-conf " + item + ": expected key=value"};
-    if (key == "join_timeout" || key == "last_call_timeout") {
+    // torch's etcd backends call the join timeout "timeout".
+    const bool join_timeout = key == "join_timeout" || (key == "timeout" && config.uses_etcd());
+    if (join_timeout || key == "last_call_timeout") {
       char* end = nullptr;
       const double seconds = std::strtod(value.c_str(), &end);
       if (!end || *end != '\0' || !(seconds > 0))
         return Error{"--rdzv-conf " + item + ": expected " + key + "=SECONDS (a number > 0)"};
-      (key == "join_timeout" ? config.join_timeout : config.last_call_timeout) = seconds;
+      (join_timeout ? config.join_timeout : config.last_call_timeout) = seconds;
+    } else if (key == "protocol" && config.uses_etcd()) {
+      if (value != "http" && value != "https")
+        return Error{"--rdzv-conf " + item + ": expected protocol=http|https"};
+      config.etcd_tls.https = value == "https";
+    } else if ((key == "cacert" || key == "cert" || key == "key") && config.uses_etcd()) {
+      (key == "cacert" ? config.etcd_tls.cacert
+       : key == "cert" ? config.etcd_tls.cert
+                       : config.etcd_tls.key) = value;
     } else if (key == "is_host") {
       config.is_host = parse_bool(value);
       if (!config.is_host)
@@ -120,8 +130,9 @@ Expected<void> apply_rdzv_conf(const std::string& text, LaunchConfig& config) {
       unused.push_back(key);
     } else {
       return Error{"--rdzv-conf " + item +
-                   ": unknown key; mcprun honours join_timeout, "
-                   "last_call_timeout and is_host (and accepts torchrun's other keys)"};
+                   ": unknown key; mcprun honours join_timeout, last_call_timeout and is_host, "
+                   "with etcd also timeout, protocol, cacert, cert and key (and accepts "
+                   "torchrun's other keys)"};
     }
   }
   if (!unused.empty()) {
@@ -433,8 +444,17 @@ Expected<void> check_master_and_backend(LaunchConfig& config) {
     config.master_port = 29500;
   if (config.master_port && (*config.master_port < 1 || *config.master_port > 65535))
     return Error{"--master-port " + std::to_string(*config.master_port) + ": expected 1-65535"};
-  if (config.rdzv_backend != "static" && config.rdzv_backend != "c10d")
-    return Error{"--rdzv-backend " + config.rdzv_backend + ": expected static or c10d"};
+  if (config.rdzv_backend != "static" && config.rdzv_backend != "c10d" && !config.uses_etcd())
+    return Error{"--rdzv-backend " + config.rdzv_backend +
+                 ": expected static, c10d, or etcd (etcd-v2: the same, on etcd's v3 API)"};
+  if (config.uses_etcd()) {
+    if (auto members = etcd_members(config.rdzv_endpoint); !members) return members.error();
+    const auto& tls = config.etcd_tls;
+    if (tls.cert.empty() != tls.key.empty())
+      return Error{"--rdzv-conf: cert and key name a client certificate together: give both"};
+    if (!tls.https && (!tls.cacert.empty() || !tls.cert.empty()))
+      return Error{"--rdzv-conf: cacert, cert and key are for TLS: add protocol=https"};
+  }
   if (config.module && config.no_python)
     return Error{"--module and --no-python cannot be used together"};
   if (config.start_method != "spawn")
@@ -565,6 +585,24 @@ Expected<LaunchRequest> parse_launch_config(const std::vector<std::string>& args
   // A file's value that CLI11 took and mcprun's own checks refused is still named at its line.
   if (!result) return Error{job.locate(result.error().message)};
   return result;
+}
+
+Expected<std::vector<Endpoint>> etcd_members(const std::string& endpoints) {
+  std::vector<Endpoint> members;
+  std::stringstream in(unquoted(endpoints));
+  for (std::string item; std::getline(in, item, ',');) {
+    // torch's etcd backends take a bare HOST as HOST:2379, and an http:// or https:// prefix.
+    std::string text = unquoted(item);
+    for (std::string_view scheme : {"http://", "https://"})
+      if (text.starts_with(scheme)) text.erase(0, scheme.size());
+    if (text.empty()) continue;
+    auto member = parse_endpoint(text, {.default_port = kEtcdDefaultPort});
+    if (!member) return Error{"--rdzv-endpoint " + member.error().message + " (an etcd member)"};
+    members.push_back(*member);
+  }
+  if (members.empty())
+    return Error{"--rdzv-endpoint " + endpoints + ": expected the etcd members, HOST:PORT,..."};
+  return members;
 }
 
 }  // namespace mcprun

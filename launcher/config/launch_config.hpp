@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/cpu_topology.hpp"
+#include "common/endpoint.hpp"
 #include "common/expected.hpp"
 
 namespace mcprun {
@@ -72,6 +73,13 @@ struct LaunchConfig {
   double join_timeout = 120;     ///< rdzv-conf join_timeout, seconds (torchrun: 600).
   double last_call_timeout = 5;  ///< rdzv-conf last_call_timeout, seconds (torchrun: 30).
   std::optional<bool> is_host;   ///< rdzv-conf is_host; nullopt: guess from the endpoint.
+  /// The etcd backends' rdzv-conf: protocol=https, and the CA, certificate and key files.
+  struct EtcdTls {
+    bool https = false;
+    std::string cacert, cert, key;
+  } etcd_tls;
+  /// Whether --rdzv-backend names an etcd cluster (etcd or etcd-v2; both speak etcd's v3 API).
+  bool uses_etcd() const { return rdzv_backend == "etcd" || rdzv_backend == "etcd-v2"; }
   std::map<std::string, std::string> topology_labels;
   std::string node_name;        ///< Unique per job; default <hostname>:<pid>.
   std::string rdzv_token_file;  ///< Token presented to rendezvousd, when it asks for one.
@@ -161,5 +169,10 @@ bool forwarded_only(int signal);
 
 /// Parses "3" or "0:1,2:3" (torchrun's --redirects/--tee syntax); nullopt when malformed.
 std::optional<StreamSpec> parse_stream_spec(const std::string& text);
+
+/// etcd's client port, which a bare etcd HOST gets.
+inline constexpr int kEtcdDefaultPort = 2379;
+/// The etcd members --rdzv-endpoint names: "e1:2379,e2,https://e3:2379"; the error, one line.
+Expected<std::vector<Endpoint>> etcd_members(const std::string& endpoints);
 
 }  // namespace mcprun

@@ -84,15 +84,17 @@ void add_job_shape_flags(CLI::App& app, LaunchConfig& config, FlagTexts& texts) 
   add("master-port", config.master_port,
       "Port of that store (default: a free port, reserved so nothing else takes it)");
   flag("standalone", config.standalone, "Single-node job with a private store on a free port");
-  add("rdzv-backend", config.rdzv_backend, "Rendezvous backend: static or c10d (one node: local)");
+  add("rdzv-backend", config.rdzv_backend,
+      "Rendezvous backend: static, c10d, or etcd (etcd-v2: the same; both on etcd's v3 API)");
   add("rdzv-endpoint", config.rdzv_endpoint,
       "Rendezvous endpoint HOST:PORT ([IPV6]:PORT; c10d: a bare HOST is HOST:29400, as in "
-      "torchrun); with the static backend it is the master's address and port, and beats "
-      "--master-addr/--master-port");
+      "torchrun); etcd: the members, HOST:PORT,... (a bare HOST is HOST:2379); with the static "
+      "backend it is the master's address and port, and beats --master-addr/--master-port");
   add("rdzv-id", config.rdzv_id, "Job id, exported as TORCHELASTIC_RUN_ID");
   add("rdzv-conf", config.rdzv_conf,
       "Rendezvous options key=value,... (outer quotes are stripped): join_timeout (default 120 s), "
-      "last_call_timeout (default 5 s), is_host; torchrun's other keys are accepted and unused");
+      "last_call_timeout (default 5 s), is_host; etcd: timeout (the join timeout), "
+      "protocol=https, cacert, cert, key; torchrun's other keys are accepted and unused");
   app.add_option("--topology-labels", texts.labels,
                  "This node's place, e.g. rack=r1,switch=s3: nodes sharing labels get "
                  "neighbouring ranks")

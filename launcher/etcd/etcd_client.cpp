@@ -35,6 +35,24 @@ json key_range(std::string_view prefix) {
   return {{"key", base64_encode(prefix)}, {"range_end", base64_encode(prefix_range_end(prefix))}};
 }
 
+/// A range request's fields for `options`, beside its key and range_end.
+void add_range_options(json& request, const RangeOptions& options) {
+  if (options.limit > 0) request["limit"] = int64_text(options.limit);
+  if (options.keys_only) request["keys_only"] = true;
+  switch (options.order) {
+    case RangeOptions::Order::kKeyAscending:
+      break;
+    case RangeOptions::Order::kKeyDescending:
+      request["sort_order"] = "DESCEND";
+      request["sort_target"] = "KEY";
+      break;
+    case RangeOptions::Order::kCreatedFirst:
+      request["sort_order"] = "ASCEND";
+      request["sort_target"] = "CREATE";
+      break;
+  }
+}
+
 }  // namespace
 
 /// One open connection to one member, with the loop that drives its bounded operations.
@@ -125,6 +143,8 @@ Expected<void> Client::connect() {
     connection->run();
     if (error) return Error{connection->member + ": TLS handshake: " + describe(error, limit)};
   }
+  boost::system::error_code ignored;
+  local_address_ = connection->lowest().socket().local_endpoint(ignored).address().to_string();
   connection_ = std::move(connection);
   return {};
 }
@@ -197,8 +217,11 @@ Expected<json> Client::call(std::string_view path, const json& body) {
       "", [&](bool& member_failed) { return call_member(path, text, member_failed); });
 }
 
-Expected<std::vector<KeyValue>> Client::range_prefix(std::string_view prefix, int64_t* revision) {
-  auto answer = call("/v3/kv/range", key_range(prefix));
+Expected<std::vector<KeyValue>> Client::range_prefix(std::string_view prefix, int64_t* revision,
+                                                     RangeOptions options) {
+  json request = key_range(prefix);
+  add_range_options(request, options);
+  auto answer = call("/v3/kv/range", request);
   if (!answer) return answer.error();
   if (revision) {
     auto read_at = int64_field(answer->value("header", json::object()), "revision");
@@ -212,6 +235,14 @@ Expected<std::vector<KeyValue>> Client::range_prefix(std::string_view prefix, in
     keys.push_back(std::move(*parsed));
   }
   return keys;
+}
+
+Expected<int64_t> Client::count_prefix(std::string_view prefix) {
+  json request = key_range(prefix);
+  request["count_only"] = true;
+  auto answer = call("/v3/kv/range", request);
+  if (!answer) return answer.error();
+  return int64_field(*answer, "count");
 }
 
 Expected<std::optional<KeyValue>> Client::get(std::string_view key) {
@@ -277,6 +308,12 @@ Expected<TxnResult> Client::compare_and_swap(std::string_view key, int64_t mod_r
                      value, lease);
 }
 
+Expected<int64_t> Client::erase(std::string_view key) {
+  auto answer = call("/v3/kv/deleterange", {{"key", base64_encode(key)}});
+  if (!answer) return answer.error();
+  return int64_field(*answer, "deleted");
+}
+
 Expected<int64_t> Client::delete_prefix(std::string_view prefix) {
   auto answer = call("/v3/kv/deleterange", key_range(prefix));
   if (!answer) return answer.error();
@@ -305,7 +342,13 @@ Expected<void> Client::revoke(int64_t lease) {
 
 Expected<WatchResult> Client::watch_prefix(std::string_view prefix, int64_t from_revision,
                                            std::chrono::milliseconds limit) {
-  json create = key_range(prefix);
+  return watch_range(prefix, prefix_range_end(prefix), from_revision, limit);
+}
+
+Expected<WatchResult> Client::watch_range(std::string_view key, std::string_view range_end,
+                                          int64_t from_revision, std::chrono::milliseconds limit) {
+  json create = {{"key", base64_encode(key)}};
+  if (!range_end.empty()) create["range_end"] = base64_encode(range_end);  // Empty: `key` alone.
   create["start_revision"] = int64_text(from_revision);
   const std::string body = json{{"create_request", create}}.dump();
   return across_members(
@@ -371,34 +414,49 @@ Expected<WatchResult> Client::watch_member(const std::string& body, std::chrono:
     }
     consumed = received.size();
   };
+  // The watch's own deadline: the stream's per-operation expiry does not bound a body read
+  // piecewise, so at `limit` the connection is closed and the read ends.
+  asio::steady_timer deadline(watch->io, limit);
+  bool expired = false;
+  deadline.async_wait([&](const boost::system::error_code& e) {
+    if (e) return;
+    expired = true;
+    watch->lowest().close();
+  });
   read_more = [&] {
     watch->with_stream([&](auto& stream) {
       http::async_read_some(stream, watch->buffer, parser,
                             [&](const boost::system::error_code& e, size_t) {
                               take_body();
                               if (e) error = e;
-                              if (!e && !done && !failure) read_more();
+                              if (!e && !done && !failure)
+                                read_more();
+                              else
+                                deadline.cancel();
                             });
     });
   };
   watch->lowest().expires_after(limit);
   watch->with_stream([&](auto& stream) {
     http::async_write(stream, request, [&](const boost::system::error_code& e, size_t) {
-      if (e)
+      if (e) {
         error = e;
-      else
-        http::async_read_header(
-            stream, watch->buffer, parser, [&](const boost::system::error_code& e, size_t) {
-              if (e)
-                error = e;
-              else if (parser.get().result() != http::status::ok)
-                failure = fmt::format("{}: HTTP {}", watch->member, parser.get().result_int());
-              else
-                read_more();
-            });
+        deadline.cancel();
+        return;
+      }
+      http::async_read_header(
+          stream, watch->buffer, parser, [&](const boost::system::error_code& e, size_t) {
+            if (!e && parser.get().result() == http::status::ok) return read_more();
+            if (e)
+              error = e;
+            else
+              failure = fmt::format("{}: HTTP {}", watch->member, parser.get().result_int());
+            deadline.cancel();
+          });
     });
   });
   watch->run();
+  if (expired) error = beast::error::timeout;
   ++requests_;
   bytes_ += body.size() + parser.get().body().size();
   if (failure) return Error{*failure};

@@ -39,6 +39,14 @@ struct TxnResult {
   std::optional<KeyValue> current;  ///< When it failed: the key that made it fail, if any.
 };
 
+/// How a range is read: in key order, or by creation, and how much of it.
+struct RangeOptions {
+  enum class Order { kKeyAscending, kKeyDescending, kCreatedFirst };
+  Order order = Order::kKeyAscending;
+  int64_t limit = 0;       ///< At most this many keys; 0: all.
+  bool keys_only = false;  ///< Without their values.
+};
+
 /// What a bounded watch saw.
 struct WatchResult {
   std::vector<WatchEvent> events;
@@ -53,8 +61,10 @@ class Client {
   Client& operator=(const Client&) = delete;
 
   /// Every key under `prefix`, in key order, and the store's revision they were read at.
-  Expected<std::vector<KeyValue>> range_prefix(std::string_view prefix,
-                                               int64_t* revision = nullptr);
+  Expected<std::vector<KeyValue>> range_prefix(std::string_view prefix, int64_t* revision = nullptr,
+                                               RangeOptions options = {});
+  /// How many keys lie under `prefix`, read without them.
+  Expected<int64_t> count_prefix(std::string_view prefix);
   Expected<std::optional<KeyValue>> get(std::string_view key);
   /// Writes `key`; on `lease` (0: none), which deletes it when the lease expires.
   Expected<int64_t> put(std::string_view key, std::string_view value, int64_t lease = 0);
@@ -63,6 +73,8 @@ class Client {
   /// Writes `key` only if it was last written at `mod_revision`.
   Expected<TxnResult> compare_and_swap(std::string_view key, int64_t mod_revision,
                                        std::string_view value, int64_t lease = 0);
+  /// Deletes `key`; returns how many keys that was (0 or 1).
+  Expected<int64_t> erase(std::string_view key);
   /// Deletes every key under `prefix`; returns how many.
   Expected<int64_t> delete_prefix(std::string_view prefix);
 
@@ -76,9 +88,15 @@ class Client {
   /// first: returns as soon as there are some, or empty at the limit.
   Expected<WatchResult> watch_prefix(std::string_view prefix, int64_t from_revision,
                                      std::chrono::milliseconds limit);
+  /// The same for the keys from `key` up to, not including, `range_end` (empty: `key` alone).
+  Expected<WatchResult> watch_range(std::string_view key, std::string_view range_end,
+                                    int64_t from_revision, std::chrono::milliseconds limit);
 
   /// The member that answered last, "host:port".
   std::string member() const;
+  /// This host's address on the last connection to a member: the interface that reaches the
+  /// cluster. Empty before the first.
+  const std::string& local_address() const { return local_address_; }
   /// Requests sent and bytes sent and received, over the client's life (watches included).
   uint64_t requests() const { return requests_; }
   uint64_t bytes() const { return bytes_; }
@@ -105,6 +123,7 @@ class Client {
   Settings settings_;
   size_t current_ = 0;  ///< The member asked first.
   std::unique_ptr<Connection> connection_;
+  std::string local_address_;
   uint64_t requests_ = 0;
   uint64_t bytes_ = 0;
 };

@@ -7,6 +7,7 @@
 #include "common/logging.hpp"
 #include "common/protocol.hpp"
 #include "common/sys.hpp"
+#include "launcher/rendezvous/etcd_rendezvous.hpp"
 
 namespace mcprun {
 namespace {
@@ -76,9 +77,24 @@ Expected<std::optional<NodeLease>> lease_from_local_daemon(boost::asio::io_conte
   return std::optional<NodeLease>(std::move(lease));
 }
 
-std::unique_ptr<RendezvousBackend> rendezvous_backend(boost::asio::io_context& io,
-                                                      const LaunchConfig& config) {
-  return std::make_unique<RendezvousClient>(io, config.rdzv_endpoint);
+std::unique_ptr<RendezvousBackend> rendezvous_backend(
+    boost::asio::io_context& io, const LaunchConfig& config,
+    std::unique_ptr<RendezvousBackend> last_round) {
+  if (!config.uses_etcd()) {
+    last_round.reset();  // Its connection goes before the next one opens.
+    return std::make_unique<RendezvousClient>(io, config.rdzv_endpoint);
+  }
+  etcd::Settings cluster;
+  if (auto members = etcd_members(config.rdzv_endpoint))  // Checked with the flags already.
+    cluster.members = std::move(*members);
+  cluster.tls = config.etcd_tls.https;
+  cluster.ca_file = config.etcd_tls.cacert;
+  cluster.cert_file = config.etcd_tls.cert;
+  cluster.key_file = config.etcd_tls.key;
+  std::unique_ptr<EtcdRendezvous> previous(dynamic_cast<EtcdRendezvous*>(last_round.get()));
+  if (previous) (void)last_round.release();
+  return std::make_unique<EtcdRendezvous>(io, std::move(cluster), config.rdzv_id,
+                                          std::move(previous));
 }
 
 std::unique_ptr<RendezvousServer> host_embedded_rendezvous(boost::asio::io_context& io,

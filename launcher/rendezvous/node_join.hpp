@@ -32,9 +32,11 @@ Expected<std::optional<NodeLease>> lease_from_local_daemon(boost::asio::io_conte
                                                            const std::vector<GpuDevice>& gpus);
 
 /// The backend --rdzv-backend names, for one round: rendezvousd's protocol at --rdzv-endpoint (a
-/// rendezvousd, or the agent hosting the round).
-std::unique_ptr<RendezvousBackend> rendezvous_backend(boost::asio::io_context& io,
-                                                      const LaunchConfig& config);
+/// rendezvousd, or the agent hosting the round), or the etcd cluster it lists. `last_round` is
+/// this node's backend of the round before, if any: an etcd backend carries on its lease.
+std::unique_ptr<RendezvousBackend> rendezvous_backend(
+    boost::asio::io_context& io, const LaunchConfig& config,
+    std::unique_ptr<RendezvousBackend> last_round);
 
 /// Hosts the rendezvous in-process when this node is the endpoint (--rdzv-endpoint names this
 /// machine, or --is-host says so) and nothing listens there yet; nullptr otherwise.

@@ -398,9 +398,13 @@ class CollectiveStallTest(CollectiveStallCase):
         self.assertNotIn(code, (0, 3), err)  # torch's own timeout: a failure, not mcprun's stall.
         self.assertIn("worker group failed", err)
         self.assertIn("Collectives at the failure", err)
-        # Every rank times out; whichever exits first still shows the call it was in.
-        self.assertRegex(err, r"rank 1: (exited: exit code 1; last )?in barrier" +
-                         ("" if TORCH2 else " on group 0"))
+        # Every rank times out, in an order a loaded box shuffles, and whichever exits first
+        # still shows the call it was in: rank 1 its barrier, the others DDP's all-reduce (torch
+        # 1.13 sees that one as backward()), by the last record each sent before it exited.
+        calls = re.findall(r"^  rank (\d): (?:exited: [^;\n]+; last )?in (barrier|all_reduce|"
+                           r"DDP's gradient all_reduce|backward)", err, re.M)
+        self.assertTrue(calls, err)
+        self.assertTrue(all(op == "barrier" for rank, op in calls if rank == "1"), err)
 
     def test_off_leaves_a_hang_to_the_other_watchdogs(self):
         code, out, err = self.run_mcprun("-n", "3", "--collective-timeout", "off", "--timeout", "20",
