@@ -49,13 +49,15 @@ fi
 venv="$(cd "$(dirname "$0")/.." && pwd)/.venv"
 torch2=2.13.0
 if [ "$("$venv/bin/python" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null)" = "$torch2" ] &&
-   [ -x "$venv/bin/py-spy" ] && "$venv/bin/python" -c 'import tqdm, rich' 2>/dev/null; then
-  echo "install-deps: $venv has torch $torch2, py-spy, tqdm and rich"
+   [ -x "$venv/bin/py-spy" ] && "$venv/bin/python" -c 'import tqdm, rich, etcd' 2>/dev/null; then
+  echo "install-deps: $venv has torch $torch2, py-spy, tqdm, rich and python-etcd"
 else
-  echo "install-deps: creating $venv with torch $torch2, py-spy, tqdm and rich"
+  echo "install-deps: creating $venv with torch $torch2, py-spy, tqdm, rich and python-etcd"
   /usr/bin/python3 -m venv "$venv"
   # tqdm and rich: the progress bars tests/e2e/test_terminal.py watches on a real terminal.
-  "$venv/bin/pip" install -q --disable-pip-version-check "torch==$torch2" numpy py-spy tqdm rich
+  # python-etcd: torchrun's etcd backends, beside mcprun's in scripts/bench-etcd.
+  "$venv/bin/pip" install -q --disable-pip-version-check "torch==$torch2" numpy py-spy tqdm rich \
+    python-etcd
 fi
 
 # The wheel's tooling (pyproject.toml, tests/e2e/test_wheel.py), built without build isolation so

@@ -6,6 +6,7 @@ import json
 import os
 import re
 import signal
+import ssl
 import subprocess
 import time
 import unittest
@@ -60,7 +61,8 @@ class EtcdCluster:
     def __init__(self, test, members=3, hosts=None, tls=None):
         self.test = test
         self.hosts = hosts  # [(namespace, address)] per member, or None: loopback.
-        self.tls = tls      # {"ca", "cert", "key"} for the client URLs, or None.
+        # {"ca", "cert", "key", "client_cert", "client_key"}: TLS on the client URLs, or None.
+        self.tls = tls
         self.scheme = "https" if tls else "http"
         self.addresses = [h[1] for h in hosts] if hosts else ["127.0.0.1"] * members
         if hosts:
@@ -123,9 +125,13 @@ class EtcdCluster:
                                    url, json.dumps(body)], capture_output=True, text=True,
                                   timeout=timeout + 5)
             return json.loads(done.stdout) if done.returncode == 0 else None
+        context = None
+        if self.tls:
+            context = ssl.create_default_context(cafile=self.tls["ca"])
+            context.load_cert_chain(self.tls["client_cert"], self.tls["client_key"])
         try:
             request = urllib.request.Request(url, json.dumps(body).encode())
-            with urllib.request.urlopen(request, timeout=timeout) as answer:
+            with urllib.request.urlopen(request, timeout=timeout, context=context) as answer:
                 return json.loads(answer.read())
         except (OSError, ValueError):
             return None
@@ -384,6 +390,53 @@ class EtcdFaultsTest(EtcdTestCase):
         self.finish([ranks[1]])
 
 
+def openssl(directory, *args):
+    subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True)
+
+
+class EtcdTlsTest(LauncherTestCase):
+    """A member that asks every client for a certificate its CA signed, the CA made here."""
+
+    def setUp(self):
+        super().setUp()
+        openssl(self.tmp, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                "-subj", "/CN=mcprun-test-ca", "-keyout", "ca.key", "-out", "ca.crt")
+        with open(os.path.join(self.tmp, "san.cnf"), "w") as f:
+            f.write("subjectAltName=IP:127.0.0.1\n")
+        for who in ("server", "client"):
+            openssl(self.tmp, "req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={who}",
+                    "-keyout", f"{who}.key", "-out", f"{who}.csr")
+            openssl(self.tmp, "x509", "-req", "-in", f"{who}.csr", "-CA", "ca.crt", "-CAkey",
+                    "ca.key", "-CAcreateserial", "-days", "1", "-extfile", "san.cnf", "-out",
+                    f"{who}.crt")
+        path = lambda name: os.path.join(self.tmp, name)
+        self.etcd = EtcdCluster(self, members=1, tls={
+            "ca": path("ca.crt"), "cert": path("server.crt"), "key": path("server.key"),
+            "client_cert": path("client.crt"), "client_key": path("client.key")})
+        self.conf = (f"--rdzv-conf=protocol=https,cacert={path('ca.crt')},"
+                     f"cert={path('client.crt')},key={path('client.key')}")
+
+    def agent(self, name, conf, nnodes="2"):
+        return self.start("--nnodes", nnodes, "-n", "1", "--rdzv-backend", "etcd",
+                          "--rdzv-endpoint", self.etcd.endpoints(), "--rdzv-id", "tlsjob",
+                          "--node-name", name, conf, "--no-python", "/bin/sh", "-c", WORKER,
+                          env=dict(self.env, NODE=name))
+
+    def test_agents_with_the_cas_client_certificate_form_the_job(self):
+        agents = [self.agent(f"node{i}", self.conf) for i in range(2)]
+        for proc in agents:
+            _, err = proc.communicate(timeout=90)
+            self.assertEqual(proc.returncode, 0, err)
+        self.assertEqual(len(self.files("rank.")), 2)
+
+    def test_an_agent_without_a_client_certificate_fails_in_one_line_naming_etcd(self):
+        conf = f"--rdzv-conf=protocol=https,cacert={os.path.join(self.tmp, 'ca.crt')},timeout=3"
+        proc = self.agent("node0", conf)
+        _, err = proc.communicate(timeout=60)
+        self.assertEqual(proc.returncode, 75, err)
+        self.assertIn("etcd", err.strip().splitlines()[-1])
+
+
 @unittest.skipUnless(can_make_namespaces(), "needs root and network namespaces (ip netns)")
 class EtcdAcrossHosts(LauncherTestCase):
     """A gloo DDP job of three namespace hosts, each running an etcd member and an agent, with
@@ -428,4 +481,4 @@ def load_tests(loader, tests, pattern):
     """The suite as `unittest test_etcd` runs it: the agents on loopback, with no torch. ctest
     runs EtcdAcrossHosts, the DDP job, once per torch."""
     return unittest.TestSuite(loader.loadTestsFromTestCase(case)
-                              for case in (EtcdRendezvousTest, EtcdFaultsTest))
+                              for case in (EtcdRendezvousTest, EtcdFaultsTest, EtcdTlsTest))
