@@ -13,7 +13,7 @@ import unittest
 import urllib.request
 
 from harness import MCPRUN, PYTHON, LauncherTestCase, reserve_port, wait_for
-from test_netns import NamespaceHosts, can_make_namespaces
+from test_netns import AFTER_INIT_HANG, NamespaceHosts, can_make_namespaces
 
 ETCD = "/usr/bin/etcd"
 # The lease every agent's keys live on (launcher/rendezvous/etcd_rendezvous.hpp's kEtcdLeaseTtl).
@@ -439,8 +439,8 @@ class EtcdTlsTest(LauncherTestCase):
 
 @unittest.skipUnless(can_make_namespaces(), "needs root and network namespaces (ip netns)")
 class EtcdAcrossHosts(LauncherTestCase):
-    """A gloo DDP job of three namespace hosts, each running an etcd member and an agent, with
-    the etcd leader killed while the job runs."""
+    """gloo jobs of three namespace hosts, each running an etcd member and an agent: one that runs
+    on while the etcd leader is killed, one that stalls."""
 
     def setUp(self):
         super().setUp()
@@ -449,18 +449,19 @@ class EtcdAcrossHosts(LauncherTestCase):
         self.etcd = EtcdCluster(self, hosts=[(self.net.names[i], self.net.address(i))
                                              for i in range(3)])
 
+    def agent(self, i, *args):
+        proc = subprocess.Popen(
+            ["ip", "netns", "exec", self.net.names[i], MCPRUN, "--nnodes", "3", "-n", "1",
+             "--rdzv-backend", "etcd", "--rdzv-endpoint", self.etcd.endpoints(),
+             "--rdzv-id", "netjob", "--node-name", f"host{i}", *args],
+            env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            errors="replace", start_new_session=True)
+        self.procs.append(proc)
+        return proc
+
     def test_a_ddp_job_forms_across_hosts_and_outlives_its_etcd_leader(self):
-        script = self.script("ddp.py", DDP)
-        agents = []
-        for i in range(3):
-            proc = subprocess.Popen(
-                ["ip", "netns", "exec", self.net.names[i], MCPRUN, "--nnodes", "3", "-n", "1",
-                 "--rdzv-backend", "etcd", "--rdzv-endpoint", self.etcd.endpoints(),
-                 "--rdzv-id", "netjob", "--node-name", f"host{i}", script],
-                env=dict(self.env, DURATION_S="8"), stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, text=True, errors="replace", start_new_session=True)
-            self.procs.append(proc)
-            agents.append(proc)
+        self.env["DURATION_S"] = "8"
+        agents = [self.agent(i, self.script("ddp.py", DDP)) for i in range(3)]
         if not wait_for(lambda: os.path.exists(os.path.join(self.tmp, "warm")), 90):
             for proc in agents:
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -474,6 +475,20 @@ class EtcdAcrossHosts(LauncherTestCase):
                 node = json.load(f)
             self.assertEqual(node["sum"], 6.0)
             self.assertIn(node["master"], [self.net.address(i) for i in range(3)])
+        self.assertEqual(self.etcd.keys(), [])
+
+    def test_uneven_shards_across_hosts_stop_every_host_naming_the_stall(self):
+        self.env["HANG"] = "uneven"
+        script = self.script("hang.py", AFTER_INIT_HANG)
+        agents = [self.agent(i, "--collective-timeout", "6", "--summary-json",
+                             os.path.join(self.tmp, f"summary.{i}.json"), script)
+                  for i in range(3)]
+        errs = [proc.communicate(timeout=120)[1] for proc in agents]
+        for i, proc in enumerate(agents):
+            self.assertEqual(proc.returncode, 3, "\n".join(errs))
+            self.assertIn("job STALLED", errs[i])
+            with open(os.path.join(self.tmp, f"summary.{i}.json")) as f:
+                self.assertEqual(json.load(f)["stall"]["collective"]["missing"], [1])
         self.assertEqual(self.etcd.keys(), [])
 
 
