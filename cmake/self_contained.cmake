@@ -1,6 +1,7 @@
 # The self-contained programs of the wheel (MCPRUN_SELF_CONTAINED): yaml-cpp from Debian's static
-# archive, spdlog and fmt compiled here from their headers, libstdc++ and libgcc linked
-# statically, so that mcprun and rendezvousd need only the C library. Only the link changes: the
+# archive (OpenSSL's too, found as OPENSSL_USE_STATIC_LIBS asks), spdlog and fmt compiled here
+# from their headers, libstdc++ and libgcc linked statically, so that mcprun and rendezvousd need
+# only the C library. Only the link changes: the
 # imported targets keep their usage requirements, so every object compiles exactly as in the
 # shared build (and ccache serves it from there).
 find_library(MCPRUN_YAML_CPP_ARCHIVE NAMES libyaml-cpp.a REQUIRED)
