@@ -29,8 +29,9 @@ if os.environ["RANK"] == "0":
 # The idiom of every training loop: a bar on rank 0 only, tqdm's defaults, a barrier each step.
 # Rank 1 prints a line halfway, while rank 0's bar is open, and says it is done as soon as its
 # loop ends (rank 0's bar may still be open, or not). With MCPRUN_TEST_RESIZE=1 the bar reads the
-# width at each update, and rank 0 waits at step 10 until its terminal's width is no longer the one
-# it started with (the test resizes the window once it sees the bar).
+# width at each update, and rank 0 waits at step 9 until its terminal's width is no longer the one
+# it started with (the test resizes the window once it sees the bar): tqdm may draw 9/40 before the
+# wait, on a slow box at once, so 10/40 (25 %) is the first state it can draw at the new width.
 TQDM_ON_RANK_0 = """
 import os, sys, time
 import torch.distributed as dist
@@ -40,7 +41,7 @@ rank = dist.get_rank()
 dynamic = os.environ.get("MCPRUN_TEST_RESIZE") == "1"
 width = os.get_terminal_size(sys.stderr.fileno()).columns
 for step in tqdm(range(40), desc="epoch 0", disable=rank != 0, dynamic_ncols=dynamic):
-    if dynamic and step == 10:
+    if dynamic and step == 9:
         deadline = time.monotonic() + 30
         while os.get_terminal_size(sys.stderr.fileno()).columns == width and time.monotonic() < deadline:
             time.sleep(0.02)
