@@ -68,7 +68,7 @@ wait_for_clang_build() {
 
 # ctest's -j: the CPU-bound suites side by side that cpus.json allows (tests/CMakeLists.txt), and room
 # beside them for the tests that mostly wait.
-jobs=$(($(nproc) * 3))
+jobs=$(($(nproc) * 2))
 # The end-to-end suites on torch 1.13; their torch 2.13 twins run under the sanitizers below, so
 # every suite still meets both torches, and mcprun's code, which is the same for both, is not run
 # twice more than that. A suite with no torch runs once: here what times or draws what a person
