@@ -22,6 +22,14 @@ std::string node_count(const JoinMessage& join) {
                                           : fmt::format("{}..{}", join.min_nodes, join.max_nodes);
 }
 
+/// Why `job` cannot restart: `done` finished, and a restart needs every node (rendezvousd's words).
+std::string closed_message(const std::string& job, const std::set<std::string>& done) {
+  std::string names;
+  for (const std::string& name : done) names += (names.empty() ? "" : ", ") + name;
+  return "job " + job + " cannot restart: node(s) " + names +
+         " finished with every worker's success, and a restart needs every node";
+}
+
 /// A round's number in its keys: fixed width, so that key order is round order.
 std::string round_text(int64_t round) { return fmt::format("{:08d}", round); }
 
@@ -301,11 +309,10 @@ Expected<int64_t> EtcdRendezvous::choose_round(const JoinMessage& join,
     });
     if (!done) return Error{"etcd: " + done.error().message};
     if (!done->empty()) {
-      std::string names;
+      std::set<std::string> names;
       for (const etcd::KeyValue& kv : *done)
-        names += (names.empty() ? "" : ", ") + kv.key.substr(keys.done(last_round_).size());
-      std::string closed = "job " + job_ + " cannot restart: node(s) " + names +
-                           " finished with every worker's success, and a restart needs every node";
+        names.insert(kv.key.substr(keys.done(last_round_).size()));
+      std::string closed = closed_message(job_, names);
       post([closed](EtcdRendezvous& self) { self.job_closed_ = closed; });
       return Error{"rendezvous: " + closed};
     }
@@ -568,10 +575,7 @@ void EtcdRendezvous::stop_once(const PeerStop& stop) {
 void EtcdRendezvous::round_ended() {
   ended_ = true;
   if (done_nodes_.empty()) return;
-  std::string names;
-  for (const std::string& name : done_nodes_) names += (names.empty() ? "" : ", ") + name;
-  job_closed_ = "job " + job_ + " cannot restart: node(s) " + names +
-                " finished with every worker's success, and a restart needs every node";
+  job_closed_ = closed_message(job_, done_nodes_);
 }
 
 void EtcdRendezvous::write(const std::string& key, const std::string& value) {
