@@ -1,20 +1,23 @@
 #!/usr/bin/env bash
 # The one test command: installs dependencies, builds the programs with gcc and runs the end-to-end
 # suites on torch 1.13 against them while clang builds everything with AddressSanitizer +
-# UndefinedBehaviorSanitizer at idle priority, then runs the unit tests and the suites on torch 2.13
-# in that build, then fuzzes there. Each end-to-end suite that starts torch workers runs once per
-# torch. Ends with the end-to-end suites that took most CPU and each phase's time, also when one
-# fails.
+# UndefinedBehaviorSanitizer at idle priority, then runs the unit tests, the suites on torch 2.13
+# and 10 s of fuzzing a target in that build. Each end-to-end suite that starts torch workers runs
+# once per torch. Ends with where the suites' time went and each phase's time, also when one fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 phases=()
-suite_times() {  # The end-to-end suites that took most CPU, from tests/e2e/run_suite.py's records.
+suite_times() {  # Where the suites' time went, from tests/e2e/run_suite.py's records.
   local dir
   for dir in build/suite-times build-sanitizers/suite-times; do
     [ -d "$dir" ] || continue
     echo "== end-to-end suites in ${dir%/suite-times}: wall s, CPU s (the suite and what it waited for)"
-    sort -k2,2nr "$dir"/* | awk 'NR <= 15 { printf "%5d %5d  %s\n", $1, $2, $3 }'
-    awk '{ wall += $1; cpu += $2 } END { printf "%5d %5d  all %d suites\n", wall, cpu, NR }' "$dir"/*
+    find "$dir" -type f ! -name '*.tests' -exec cat {} + | sort -k2,2nr |
+      awk '{ wall += $1; cpu += $2 } NR <= 15 { printf "%5d %5d  %s\n", $1, $2, $3 }
+           END { printf "%5d %5d  all %d suites\n", wall, cpu, NR }'
+    echo "== the longest end-to-end tests in ${dir%/suite-times}: wall s"
+    find "$dir" -type f -name '*.tests' -exec cat {} + | sort -k1,1nr |
+      awk 'NR <= 15 { printf "%5d  %s %s\n", $1, $2, $3 }'
   done
 }
 # A report that cannot be read never changes the test command's exit status.
@@ -66,9 +69,9 @@ wait_for_clang_build() {
   return $status
 }
 
-# ctest's -j: the CPU-bound suites side by side that cpus.json allows (tests/CMakeLists.txt), and room
-# beside them for the tests that mostly wait.
-jobs=$(($(nproc) * 2))
+# ctest's -j: every test takes the half-CPU slots of cpus.json that its CPU use asks for
+# (tests/CMakeLists.txt), so -j only makes room for the few that take none.
+jobs=$(($(nproc) * 4))
 # The end-to-end suites on torch 1.13; their torch 2.13 twins run under the sanitizers below, so
 # every suite still meets both torches, and mcprun's code, which is the same for both, is not run
 # twice more than that. A suite with no torch runs once: here what times or draws what a person
@@ -79,15 +82,14 @@ phase "tests (torch 1.13)" in_dir build ctest --output-on-failure -j "$jobs" \
   -E 'torch2\.13$|^e2e\.test_(hostile_peers|service|docs|etcd)$'
 phase "build (clang, ASan + UBSan, fuzz targets, -Werror): the wait after the 1.13 suites" \
   wait_for_clang_build
-# The sanitizers check mcprun's own memory on every suite; 2.13 drives more of the job store (its
-# dialect's handshake, PING, queues) than 1.13, whose dialect the unit tests replay here too. The
-# chaos test ran above, once: it watches the daemon's RSS round to round, which ASan's quarantine
-# grows by design; so did the terminal and scale suites, whose load generators this build skips.
+# The sanitizers check mcprun's own memory on every suite, and the fuzz targets (fuzz.<target>,
+# $FUZZ_SECONDS a target) run beside the suites; crashes found before are replayed every run by
+# fuzz_regression_test, and FUZZ_SECONDS=600 scripts/fuzz.sh digs deeper. 2.13 drives more of the
+# job store (its dialect's handshake, PING, queues) than 1.13, whose dialect the unit tests replay
+# here too. The chaos test ran above, once: it watches the daemon's RSS round to round, which ASan's
+# quarantine grows by design; so did the terminal and scale suites, whose load generators this
+# build skips.
 phase "tests under ASan + UBSan (torch 2.13)" in_dir build-sanitizers \
   env ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --output-on-failure -j "$jobs" -E 'torch1\.13$|^e2e\.test_(chaos|terminal)$'
 
-# 10 s a target in CI finds what a short run finds; crashes found before are replayed every run by
-# fuzz_regression_test (both builds above), and FUZZ_SECONDS=600 scripts/fuzz.sh digs deeper.
-phase "fuzzing (libFuzzer + ASan + UBSan, bounded)" \
-  env FUZZ_BUILD_DIR=build-sanitizers FUZZ_SECONDS="${FUZZ_SECONDS:-10}" scripts/fuzz.sh

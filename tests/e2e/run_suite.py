@@ -1,6 +1,7 @@
-"""Runs one end-to-end suite as `python -m unittest -v SUITE` does, then writes its wall and CPU
-seconds to $MCPRUN_SUITE_TIMES/NAME: the CPU of this process and of every process it waited for
-(the launcher, its workers, a daemon), so that scripts/test.sh can show where its time goes.
+"""Runs one end-to-end suite as `python -m unittest -v SUITE` does, then writes to $MCPRUN_SUITE_TIMES:
+NAME, the suite's wall and CPU seconds (the CPU of this process and of every process it waited for:
+the launcher, its workers, a daemon); and NAME.tests, each test's wall seconds. scripts/test.sh
+shows from them where the test command's time goes.
 
     python run_suite.py NAME SUITE
 """
@@ -10,9 +11,26 @@ import sys
 import time
 import unittest
 
+
+class TimedResult(unittest.TextTestResult):
+    """unittest's verbose result, plus each test's wall seconds."""
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.seconds = {}
+
+    def startTest(self, test):
+        self.seconds[test.id()] = time.monotonic()
+        super().startTest(test)
+
+    def stopTest(self, test):
+        self.seconds[test.id()] = time.monotonic() - self.seconds[test.id()]
+        super().stopTest(test)
+
+
 name, suite = sys.argv[1:3]
 start = time.monotonic()
-result = unittest.main(module=None, argv=[sys.argv[0], "-v", suite], exit=False).result
+runner = unittest.TextTestRunner(verbosity=2, resultclass=TimedResult)
+result = unittest.main(module=None, argv=[sys.argv[0], "-v", suite], testRunner=runner, exit=False).result
 wall = time.monotonic() - start
 times_dir = os.environ.get("MCPRUN_SUITE_TIMES")
 if times_dir:
@@ -21,4 +39,7 @@ if times_dir:
     os.makedirs(times_dir, exist_ok=True)
     with open(os.path.join(times_dir, name), "w") as f:
         f.write(f"{wall:.0f} {cpu:.0f} {name}\n")
+    with open(os.path.join(times_dir, name + ".tests"), "w") as f:
+        f.writelines(f"{seconds:.0f} {name} {test.rsplit('.', 1)[-1]}\n"
+                     for test, seconds in result.seconds.items())
 sys.exit(0 if result.wasSuccessful() else 1)
