@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (clang, ASan + UBSan) in build-fuzz/ at -O2 and runs each for
 # FUZZ_SECONDS (default 40) on its seeds, through its ctest entry fuzz.<target>
-# (tests/fuzz/CMakeLists.txt): about 4 minutes on 2 cores once built, two targets at a time. A crash
+# (tests/fuzz/CMakeLists.txt): about 2 minutes on 2 cores once built, a target per CPU. A crash
 # fails the entry, and libFuzzer's input is left in tests/fuzz/regressions/<target>/, which
 # fuzz_regression_test replays once committed. FUZZ_BUILD_DIR names a build already configured
 # with -DMCPRUN_FUZZ=ON to run the targets of instead.
