@@ -76,23 +76,24 @@ TEST(FramedSession, AThrowingHandlerClosesOnlyThatConnection) {
 TEST(FramedSession, MessagesKeepADeadlineOpenAndSilenceThenClosesIt) {
   using std::chrono::milliseconds;
   Pair pair(SessionLimits{});
-  pair.session->renew = milliseconds(100);
-  pair.session->expect_within(milliseconds(100));
-  // Eight messages 40 ms apart: 280 ms, well past the first deadline, each renewing it.
+  pair.session->renew = milliseconds(1000);
+  pair.session->expect_within(milliseconds(1000));
+  // Sixteen messages 100 ms apart: 1.5 s, well past the first deadline, each renewing it. Each
+  // has 900 ms to spare, what a process on a loaded box may wait for a CPU (40 ms of 100 did not).
   asio::steady_timer tick(pair.io);
   int sent = 0;
   std::function<void()> next = [&] {
     pair.send(encode_frame({{"type", "heartbeat"}}));
-    if (++sent == 8) return;
-    tick.expires_after(milliseconds(40));
+    if (++sent == 16) return;
+    tick.expires_after(milliseconds(100));
     tick.async_wait([&](boost::system::error_code ec) {
       if (!ec) next();
     });
   };
   next();
   EXPECT_TRUE(run_until(
-      pair.io, [&] { return pair.session->messages == 8 || pair.session->closed_seen; },
-      std::chrono::seconds(5)));
+      pair.io, [&] { return pair.session->messages == 16 || pair.session->closed_seen; },
+      std::chrono::seconds(10)));
   EXPECT_FALSE(pair.session->closed_seen) << pair.session->cut_reason;
   EXPECT_TRUE(pair.run_until_closed());
   EXPECT_EQ(pair.session->cut_reason, "silent for too long");
