@@ -48,11 +48,17 @@ def reserve_port(test):
     return sock.getsockname()[1]
 
 
+def proc_stat(pid):
+    """The fields of /proc/<pid>/stat after the command name: [0] is the state, [11] and [12]
+    utime and stime in clock ticks."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()
+
+
 def alive(pid):
     """True while `pid` exists and is not a zombie."""
     try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+        return proc_stat(pid)[0] != "Z"
     except (FileNotFoundError, ProcessLookupError):
         return False
 

@@ -12,7 +12,7 @@ import unittest
 
 import torch.distributed as dist
 
-from harness import PYTHON, REPO, TORCH2, LauncherTestCase, reserve_port, wait_for
+from harness import PYTHON, REPO, TORCH2, LauncherTestCase, proc_stat, reserve_port, wait_for
 
 INTERVAL_S = 0.2
 DEADLINE_S = 45  # For the first records: three torch imports at once on a busy 2-core machine.
@@ -422,9 +422,8 @@ class ProgressReporterTest(LauncherTestCase):
         self.start_ranks("busy_child", 1)
         pid = self.record(0)["pid"]
 
-        def own_cpu_s():  # The rank's process alone: utime and stime of /proc/<pid>/stat.
-            with open(f"/proc/{pid}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
+        def own_cpu_s():  # The rank's process alone, without its children.
+            fields = proc_stat(pid)
             return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
         # The rank itself sleeps, so what a record counts beyond its own CPU time is its child's.
         # That grows as fast as the box lets the child run, a twentieth of a CPU on a loaded one
